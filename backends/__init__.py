@@ -1,0 +1,1 @@
+"""Backends run a planned iteration on a device and report its completed duration."""

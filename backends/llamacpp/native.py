@@ -1,0 +1,183 @@
+"""Owners of llama.cpp's native resources: model, context, batch, sampler.
+
+Each class wraps one pointer, turns native failures into exceptions that carry the return
+code, and frees it in an idempotent `close()`. The backend closes them in reverse order of
+creation (samplers and batch, then context, then model) through an ExitStack.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from pathlib import Path
+
+import llama_cpp as lc
+from llama_cpp import _logger
+
+from edgeprefill.runtime.request import SamplingParams
+from edgeprefill.runtime.scheduler import SeqWork
+
+_initialised = False
+
+
+def init_llama(verbose: bool = False) -> None:
+    """Initialise ggml once per process and keep llama.cpp's info logs off stderr."""
+    global _initialised
+    _logger.set_verbose(verbose)
+    if not _initialised:
+        lc.llama_backend_init()
+        _initialised = True
+
+
+def cpu_has_amx() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return "amx_int8" in f.read()
+    except OSError:
+        return False
+
+
+class LlamaModel:
+    """GGUF weights. `repack=None` repacks weights into llama.cpp's extra CPU buffer types
+    except on CPUs with AMX, where the AMX Q4_K matmul segfaults on the first decode
+    (ggml-org/llama.cpp#20824, seen here with llama-cpp-python 0.3.36)."""
+
+    def __init__(self, path: Path, repack: bool | None = None) -> None:
+        init_llama()
+        params = lc.llama_model_default_params()
+        params.use_extra_bufts = (not cpu_has_amx()) if repack is None else repack
+        self.repacked = bool(params.use_extra_bufts)
+        self.ptr = lc.llama_model_load_from_file(str(path).encode(), params)
+        if not self.ptr:
+            raise RuntimeError(f"llama.cpp could not load the model {path}")
+        self.vocab = lc.llama_model_get_vocab(self.ptr)
+        self.n_ctx_train = lc.llama_model_n_ctx_train(self.ptr)
+
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        lc.llama_model_desc(self.ptr, buf, len(buf))
+        return buf.value.decode(errors="replace")
+
+    def chat_template(self) -> bytes | None:
+        return lc.llama_model_chat_template(self.ptr, None)
+
+    def close(self) -> None:
+        if self.ptr:
+            lc.llama_model_free(self.ptr)
+            self.ptr = None
+
+
+class LlamaContext:
+    """One context holding `n_seq_max` sequences of up to `n_ctx` cells each.
+
+    By default every sequence has its own KV stream (`kv_unified=False`): a token then
+    attends only over its own sequence's cells. In one shared pool (`kv_unified=True`) every
+    token of a batch attends over every resident sequence's cells, masked; with documents
+    resident that made mixed iterations about 1.5-2x slower on this model and CPU.
+    """
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        *,
+        n_ctx: int,
+        n_batch: int,
+        n_ubatch: int,
+        n_seq_max: int,
+        n_threads: int,
+        kv_unified: bool = False,
+    ) -> None:
+        params = lc.llama_context_default_params()
+        params.n_ctx = n_ctx if kv_unified else n_ctx * n_seq_max
+        params.n_batch = n_batch
+        params.n_ubatch = n_ubatch
+        params.n_seq_max = n_seq_max
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        params.kv_unified = kv_unified
+        # Keep only the sliding window in sliding-window layers (Gemma 3): a full-size SWA
+        # cache makes every layer attend over every resident document (~20% slower here).
+        params.swa_full = False
+        params.no_perf = True
+        self.ptr = lc.llama_init_from_model(model.ptr, params)
+        if not self.ptr:
+            raise RuntimeError(
+                f"llama.cpp could not create a context (n_ctx={n_ctx}, n_batch={n_batch}, "
+                f"n_seq_max={n_seq_max}); try a smaller --n-ctx"
+            )
+        self.memory = lc.llama_get_memory(self.ptr)
+        self.n_ctx = lc.llama_n_ctx(self.ptr)  # all sequences together
+        self.n_ctx_seq = lc.llama_n_ctx_seq(self.ptr)
+
+    def decode(self, batch: LlamaBatch) -> int:
+        """0 ok, 1 no KV slot, 2 aborted, < 0 error (llama.h)."""
+        return lc.llama_decode(self.ptr, batch.struct)
+
+    def seq_rm(self, seq_id: int) -> None:
+        lc.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """The highest position held for `seq_id`, or -1 when it holds no cells."""
+        return lc.llama_memory_seq_pos_max(self.memory, seq_id)
+
+    def close(self) -> None:
+        if self.ptr:
+            lc.llama_free(self.ptr)
+            self.ptr = None
+
+
+class LlamaBatch:
+    """A reusable `llama_batch` of at most `size` tokens, filled in place every iteration."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.struct = lc.llama_batch_init(size, 0, 1)
+        self._live = True
+
+    def fill(self, work: Sequence[SeqWork]) -> list[tuple[int, int]]:
+        """Write every slice into the batch; logits only where a token is sampled.
+        Returns (sequence id, batch index) for each slice that samples."""
+        b = self.struct
+        i = 0
+        outputs: list[tuple[int, int]] = []
+        for w in work:
+            if i + len(w.tokens) > self.size:
+                raise ValueError(f"batch of more than {self.size} tokens would abort llama.cpp")
+            for j, token in enumerate(w.tokens):
+                b.token[i] = token
+                b.pos[i] = w.pos + j
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = w.seq_id
+                b.logits[i] = 0
+                i += 1
+            if w.sample is not None:
+                b.logits[i - 1] = 1
+                outputs.append((w.seq_id, i - 1))
+        b.n_tokens = i
+        return outputs
+
+    def close(self) -> None:
+        if self._live:
+            lc.llama_batch_free(self.struct)
+            self._live = False
+
+
+class LlamaSampler:
+    """A sampler chain for one request: greedy, or top-p + temperature + seeded draw."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.ptr = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+        if params.greedy:
+            lc.llama_sampler_chain_add(self.ptr, lc.llama_sampler_init_greedy())
+        else:
+            lc.llama_sampler_chain_add(self.ptr, lc.llama_sampler_init_top_p(params.top_p, 1))
+            lc.llama_sampler_chain_add(self.ptr, lc.llama_sampler_init_temp(params.temperature))
+            lc.llama_sampler_chain_add(self.ptr, lc.llama_sampler_init_dist(params.seed))
+
+    def sample(self, ctx: LlamaContext, batch_index: int) -> int:
+        return lc.llama_sampler_sample(self.ptr, ctx.ptr, batch_index)
+
+    def close(self) -> None:
+        if self.ptr:
+            lc.llama_sampler_free(self.ptr)
+            self.ptr = None

@@ -1,0 +1,87 @@
+"""What a person sees: live progress while running, a fixed-width summary at the end."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from edgeprefill.runtime.engine import Iteration
+from edgeprefill.runtime.request import CLASSES, Request
+
+WIDTH = 56
+
+
+class LiveProgress:
+    """Requests done per class and the budget in force, redrawn after every iteration."""
+
+    def __init__(self, requests: list[Request], enabled: bool = True) -> None:
+        self._requests = requests
+        self._progress = Progress(
+            TextColumn("{task.description:<11}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            disable=not enabled,
+        )
+        self._tasks = {
+            c: self._progress.add_task(c, total=sum(r.cls == c for r in requests), info="")
+            for c in CLASSES
+        }
+
+    def update(self, it: Iteration | None) -> None:
+        for c, task in self._tasks.items():
+            done = sum(r.done for r in self._requests if r.cls == c)
+            info = ""
+            if c == "background" and it is not None:
+                cap = "none" if it.plan.budget is None else it.plan.budget
+                info = f"budget {cap}  prefill {it.plan.n_prefill}  decode {it.plan.n_decode}"
+            self._progress.update(task, completed=done, **({"info": info} if info else {}))
+
+    def __enter__(self) -> Callable[[Iteration | None], None]:
+        self._progress.start()
+        return self.update
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return str(value)
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    lines = [f"{' edgeprefill run ':=^{WIDTH}}"]
+    rows: list[tuple[str, Any]] = [
+        ("Backend:", s["backend"]["name"]),
+        ("Model:", s["backend"].get("model_description", s["backend"].get("model"))),
+        ("Policy:", s["policy"]["spec"]),
+        ("Workload:", f"{s['workload']['name']} (seed {s['seed']})"),
+        ("Completed / failed:", f"{s['completed']} / {s['failed']}"),
+        ("Interrupted:", "yes" if s["interrupted"] else "no"),
+        ("Duration (s):", s["duration_s"]),
+        ("Makespan (s):", s["makespan_s"]),
+        ("Iterations:", s["iterations"]),
+        ("Accounting reconciled:", "yes" if s["accounting"]["reconciled"] else "NO"),
+    ]
+    lines += [f"{k:<34}{_fmt(v):>22}" for k, v in rows]
+    for cls in CLASSES:
+        c = s[cls]
+        lines.append(f"{' ' + cls + ' ':-^{WIDTH}}")
+        lines.append(f"{'Completed / failed:':<34}{c['completed']:>10} / {c['failed']:<9}")
+        for label, key in (("TTFT", "ttft"), ("ITL", "itl"), ("TPOT", "tpot"), ("E2E", "e2el")):
+            for stat, name in (("mean", "Mean"), ("median", "Median"), ("p95", "P95"), ("p99", "P99")):
+                lines.append(f"{name + ' ' + label + ' (ms):':<34}{_fmt(c[f'{stat}_{key}_ms']):>22}")
+        lines.append(f"{'Input / output tokens:':<34}{c['input_tokens']:>10} / {c['output_tokens']:<9}")
+        lines.append(f"{'Prefill throughput (tok/s):':<34}{_fmt(c['prefill_tok_s']):>22}")
+        lines.append(f"{'Output throughput (tok/s):':<34}{_fmt(c['output_tok_s']):>22}")
+    lines.append("=" * WIDTH)
+    return "\n".join(lines)

@@ -1,0 +1,112 @@
+"""The engine: one iteration is plan, execute, observe, update, record.
+
+This is also the embedding API: a desktop assistant creates an `Engine` over a backend and a
+policy, `add()`s requests as they come, and calls `step()` in its own loop.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgeprefill.backends.base import Backend, BackendError
+from edgeprefill.runtime.plan import IterationTiming, Plan
+from edgeprefill.runtime.policy import BudgetPolicy
+from edgeprefill.runtime.request import Request
+from edgeprefill.runtime.scheduler import BackgroundLimits, Scheduler
+
+
+class RunClock:
+    """Seconds since the run started; every timestamp in a run's results uses it."""
+
+    def __init__(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self._t0
+
+
+@dataclass(frozen=True)
+class Iteration:
+    """One completed (or failed) iteration, as written to iterations.jsonl."""
+
+    t_start_s: float
+    plan: Plan
+    timing: IterationTiming
+    prefill_by_class: dict[str, int]
+    policy_state: dict[str, Any]
+    finished: list[Request] = field(default_factory=list)
+    error: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "t_start_s": self.t_start_s,
+            "duration_s": self.timing.duration_s,
+            "budget": self.plan.budget,
+            "n_decode": self.plan.n_decode,
+            "n_decode_foreground": self.timing.n_decode_foreground,
+            "n_prefill": self.plan.n_prefill,
+            "n_prefill_foreground": self.prefill_by_class.get("foreground", 0),
+            "n_prefill_background": self.prefill_by_class.get("background", 0),
+            "policy": self.policy_state,
+            "error": self.error,
+        }
+
+
+class Engine:
+    def __init__(
+        self,
+        backend: Backend,
+        policy: BudgetPolicy,
+        *,
+        limits: BackgroundLimits | None = None,
+        clock: RunClock | None = None,
+    ) -> None:
+        self.backend = backend
+        self.policy = policy
+        self.clock = clock or RunClock()
+        self.scheduler = Scheduler(
+            backend.capacity,
+            is_eog=backend.tokenizer.is_eog,
+            release=backend.release,
+            limits=limits,
+        )
+        self.last: IterationTiming | None = None
+
+    def add(self, req: Request) -> bool:
+        """Submit an arrived request; False if it failed at once (see `req.error`)."""
+        return self.scheduler.add(req)
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    def step(self) -> Iteration | None:
+        """Run one iteration; None when nothing could be scheduled."""
+        t_start = self.clock.now()
+        plan = self.scheduler.plan(self.policy.budget(self.scheduler.state(self.last)))
+        if plan.empty:
+            return None
+        by_id = {r.id: r for r in self.scheduler.running}
+        by_class = {"foreground": 0, "background": 0}
+        for rid, n in plan.prefill.items():
+            by_class[by_id[rid].cls] += n
+        n_fg = sum(by_id[rid].cls == "foreground" for rid in plan.decode)
+        try:
+            result = self.backend.execute(self.scheduler.work(plan))
+        except BackendError as e:
+            failed = self.scheduler.fail_plan(plan, str(e))
+            timing = IterationTiming(self.clock.now() - t_start, 0, 0, 0, plan.budget)
+            return Iteration(t_start, plan, timing, by_class, {}, failed, str(e))
+        timing = IterationTiming(
+            result.duration_s, plan.n_decode, plan.n_prefill, n_fg, plan.budget
+        )
+        self.policy.observe(timing)
+        self.last = timing
+        finished = self.scheduler.update(plan, result.sampled, self.clock.now())
+        return Iteration(t_start, plan, timing, by_class, self.policy.snapshot(), finished)
+
+    def abort(self, reason: str) -> list[Request]:
+        """Fail every waiting and running request (the run is stopping)."""
+        return self.scheduler.abort(reason)

@@ -1,0 +1,67 @@
+"""Plain values that cross the seams of one iteration.
+
+`SchedState` and `IterationTiming` are all a budget policy may see; `Plan` is what the
+scheduler decided, printable and testable, before any backend runs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class IterationTiming:
+    """One completed iteration, timed around the work that actually finished
+    (synchronously around `llama_decode` on a CPU), never the scheduler's cadence."""
+
+    duration_s: float
+    n_decode: int  # decode tokens in it (one per running decode)
+    n_prefill: int  # prompt tokens in it
+    n_decode_foreground: int = 0
+    budget: int | None = None  # the cap that was in force
+
+
+@dataclass(frozen=True)
+class SchedState:
+    """What the scheduler looks like before an iteration is planned."""
+
+    n_prefill_running: int  # requests holding a slot with prompt left
+    n_prefill_waiting: int  # arrived requests without a slot yet
+    n_decode: int  # requests that will get a decode token this iteration
+    n_decode_foreground: int
+    n_batch: int  # the most tokens one iteration can hold
+    last: IterationTiming | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One iteration: every running decode's token, then prompt chunks under `budget`.
+
+    `decode` and `prefill` keep scheduling order; `prefill` maps request id -> prompt tokens.
+    """
+
+    budget: int | None
+    decode: tuple[str, ...] = ()
+    prefill: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def n_decode(self) -> int:
+        return len(self.decode)
+
+    @property
+    def n_prefill(self) -> int:
+        return sum(self.prefill.values())
+
+    @property
+    def num_scheduled_tokens(self) -> dict[str, int]:
+        """request id -> tokens this iteration (vLLM's name for the same thing)."""
+        return {**{rid: 1 for rid in self.decode}, **self.prefill}
+
+    @property
+    def empty(self) -> bool:
+        return not self.decode and not self.prefill
+
+    def __str__(self) -> str:
+        cap = "none" if self.budget is None else str(self.budget)
+        chunks = ", ".join(f"{rid}: {n}" for rid, n in self.prefill.items())
+        return f"Plan(budget={cap}, decode=[{', '.join(self.decode)}], prefill={{{chunks}}})"

@@ -1,0 +1,96 @@
+"""A request and its life: waiting -> prefill -> decode -> finished (or failed).
+
+The scheduler changes these fields; everything else (metrics, result files) reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Literal
+
+RequestClass = Literal["foreground", "background"]
+CLASSES: tuple[RequestClass, ...] = ("foreground", "background")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Greedy when `temperature` is 0 (the default, so runs are exactly reproducible)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class Status(Enum):
+    WAITING = "waiting"  # arrived, holds no sequence slot yet
+    PREFILL = "prefill"  # holds a slot, prompt partly in the KV cache
+    DECODE = "decode"  # prompt done, one token per iteration
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+@dataclass(eq=False)
+class Request:
+    id: str
+    cls: RequestClass
+    arrival_s: float
+    prompt: list[int]
+    max_tokens: int
+    sampling: SamplingParams = SamplingParams()
+    ignore_eos: bool = False
+
+    status: Status = Status.WAITING
+    seq_id: int | None = None
+    num_computed: int = 0  # prompt tokens already in the KV cache
+    output: list[int] = field(default_factory=list)
+    token_times_s: list[float] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" (end-of-generation token) or "length"
+    error: str | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def remaining_prompt(self) -> int:
+        return self.prompt_len - self.num_computed
+
+    @property
+    def kv_cells(self) -> int:
+        """KV cells this request can ever occupy: its prompt plus every output token that
+        is fed back (the last sampled token never is). Reserved at admission, so a running
+        request can never run out of cache."""
+        return self.prompt_len + self.max_tokens - 1
+
+    @property
+    def done(self) -> bool:
+        return self.status in (Status.FINISHED, Status.FAILED)
+
+    @property
+    def decode_tokens_fed(self) -> int:
+        """Output tokens fed back as decode inputs so far (all but the newest)."""
+        return max(len(self.output) - 1, 0)
+
+    def fail(self, reason: str) -> None:
+        self.status = Status.FAILED
+        self.error = reason
+
+    def record(self) -> dict[str, Any]:
+        """The request's line in requests.jsonl (the result contract)."""
+        return {
+            "id": self.id,
+            "class": self.cls,
+            "arrival_s": self.arrival_s,
+            "prompt_tokens": self.prompt_len,
+            "prefilled_tokens": self.num_computed,
+            "max_tokens": self.max_tokens,
+            "output_token_ids": list(self.output),
+            "token_times_s": list(self.token_times_s),
+            "finish_reason": self.finish_reason,
+            "error": self.error,
+        }
