@@ -36,7 +36,8 @@ def cli() -> None:
               help="one KV pool of --n-ctx cells shared by all sequences")
 @click.option("--n-batch", type=int, default=2048, show_default=True,
               help="most tokens in one iteration")
-@click.option("--n-ubatch", type=int, default=512, show_default=True)
+@click.option("--n-ubatch", type=int, default=None,
+              help="most tokens llama.cpp computes in one graph [default: --n-batch]")
 @click.option("--n-seq-max", type=int, default=8, show_default=True,
               help="sequences decoded together")
 @click.option("--max-background", type=int, default=None,
@@ -46,7 +47,7 @@ def cli() -> None:
 @click.option("--threads", type=int, default=0, help="CPU threads [default: physical cores]")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def run(workload: Path, backend: str, model: Path | None, policy_spec: str, out: Path | None,
-        seed: int | None, n_ctx: int, kv_unified: bool, n_batch: int, n_ubatch: int, n_seq_max: int,
+        seed: int | None, n_ctx: int, kv_unified: bool, n_batch: int, n_ubatch: int | None, n_seq_max: int,
         max_background: int | None, foreground_kv: int | None, threads: int,
         progress: bool) -> None:
     """Run WORKLOAD (a YAML file) and write summary.json, requests.jsonl, iterations.jsonl."""

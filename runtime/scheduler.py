@@ -14,6 +14,7 @@ documents cannot lock the assistant out.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,9 +31,15 @@ class Capacity:
     n_ctx: int  # KV cells of all sequences together
     n_seq_max: int  # sequences at once
     n_ctx_seq: int  # KV cells one sequence may hold (n_ctx when the pool is shared)
+    # Prompt chunk sizes that keep greedy output independent of the budget. A backend whose
+    # kernels compute short pieces differently (llama.cpp's CPU attention for 2-7 query rows)
+    # sets min_chunk; the scheduler then never plans a chunk, or leaves a remainder, in
+    # [2, min_chunk) unless the budget is too small to progress otherwise.
+    min_chunk: int = 1
+    max_chunk: int | None = None  # most prompt tokens of one request per iteration
 
     def __post_init__(self) -> None:
-        if min(self.n_batch, self.n_ctx, self.n_seq_max, self.n_ctx_seq) < 1:
+        if min(self.n_batch, self.n_ctx, self.n_seq_max, self.n_ctx_seq, self.min_chunk) < 1:
             raise ValueError(f"capacity values must be positive: {self}")
 
 
@@ -93,7 +100,7 @@ class Scheduler:
         self._release = release
         self.waiting: dict[RequestClass, deque[Request]] = {c: deque() for c in CLASSES}
         self.running: list[Request] = []  # admission order
-        self._free_seqs = list(range(capacity.n_seq_max - 1, -1, -1))
+        self._free_seqs = list(range(capacity.n_seq_max))  # a heap: lowest id first
         self.kv_free = capacity.n_ctx
 
     # --- requests in ----------------------------------------------------------------
@@ -144,17 +151,33 @@ class Scheduler:
         Admits waiting requests whose chunk is planned."""
         decode = tuple(r.id for r in self.running if r.status is Status.DECODE)
         room = self.capacity.n_batch - len(decode)
-        left = room if budget is None else max(0, min(budget, room))
+        left = budget_cap = room if budget is None else max(0, min(budget, room))
         prefill: dict[str, int] = {}
         for req in self._prefill_order():
             if left == 0:
                 break
+            n = self._chunk(req.remaining_prompt, left, full=left == budget_cap)
+            if n == 0:
+                continue
             if req.status is Status.WAITING:
                 self._admit(req)
-            n = min(left, req.remaining_prompt)
             prefill[req.id] = n
             left -= n
         return Plan(budget=budget, decode=decode, prefill=prefill)
+
+    def _chunk(self, remaining: int, left: int, full: bool) -> int:
+        """The largest chunk within `left` that is neither shorter than `min_chunk` nor
+        leaves a shorter remainder, so every piece is computed the same way whatever the
+        budget. 0 means wait for a larger leftover; a request given the whole budget
+        always progresses."""
+        cap = min(left, self.capacity.max_chunk or left)
+        if remaining <= cap:
+            return remaining
+        lo = self.capacity.min_chunk
+        n = min(cap, remaining - lo)
+        if n >= lo:
+            return n
+        return cap if full else 0
 
     def _prefill_order(self) -> Iterator[Request]:
         """Foreground before background; within a class, started prompts first, then
@@ -181,7 +204,7 @@ class Scheduler:
 
     def _admit(self, req: Request) -> None:
         self.waiting[req.cls].remove(req)
-        req.seq_id = self._free_seqs.pop()
+        req.seq_id = heapq.heappop(self._free_seqs)
         req.status = Status.PREFILL
         self.kv_free -= req.kv_cells
         self.running.append(req)
@@ -253,5 +276,5 @@ class Scheduler:
         self.running.remove(req)
         assert req.seq_id is not None
         self._release(req.seq_id)
-        self._free_seqs.append(req.seq_id)
+        heapq.heappush(self._free_seqs, req.seq_id)
         self.kv_free += req.kv_cells

@@ -134,11 +134,12 @@ def describe_error(err: ValidationError, data: Any) -> str:
     path: list[str] = []
     node: Any = data
     model: Any = Workload
+    parent: Any = None  # the model holding the key the error is about
     for part in first["loc"]:
         if isinstance(node, dict) and part in node:
             path.append(str(part))
             node = node[part]
-            model = _child_model(model, part)
+            parent, model = model, _child_model(model, part)
         elif isinstance(node, list) and isinstance(part, int) and part < len(node):
             path.append(str(part))
             node = node[part]
@@ -152,10 +153,17 @@ def describe_error(err: ValidationError, data: Any) -> str:
     more = len(err.errors()) - 1
     tail = f" ({more} more problem{'s' if more > 1 else ''} after this one)" if more else ""
     if first["type"] == "extra_forbidden":
-        allowed = _allowed_keys(model)
+        allowed = _allowed_keys(parent)
         return f"{where}: unknown key; allowed keys here: {', '.join(allowed)}{tail}"
     if first["type"] == "missing":
         return f"{where}: required key is missing{tail}"
+    if first["type"] == "union_tag_not_found":
+        key = first["ctx"]["discriminator"].strip("'")
+        return f"{where}.{key}: required key is missing{tail}"
+    if first["type"] == "union_tag_invalid":
+        ctx = first["ctx"]
+        key = ctx["discriminator"].strip("'")
+        return f"{where}.{key}: unknown {key} '{ctx['tag']}'; allowed: {ctx['expected_tags']}{tail}"
     msg = first["msg"].removeprefix("Value error, ")
     return f"{where}: {msg} (got {first['input']!r}){tail}"
 

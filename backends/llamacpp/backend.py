@@ -19,9 +19,16 @@ from edgeprefill.backends.llamacpp.model_file import check_model_file
 from edgeprefill.backends.llamacpp.native import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler
 from edgeprefill.backends.llamacpp.tokenizer import LlamaTokenizer
 from edgeprefill.runtime.errors import UserError
+from edgeprefill.runtime.request import SamplingParams
 from edgeprefill.runtime.scheduler import Capacity, SeqWork
 
 LLAMA_MAX_SEQ = 256  # llama.h: sequences one context can hold
+
+# ggml's CPU attention (f16 KV, flash attention off) computes a prompt piece of 2-7 tokens
+# with other kernels than a piece of 8 or more, and a lone prompt token deep in a context
+# differently again; measured here, either moved logits by up to ~0.8 and changed greedy
+# output. Pieces of 8+ tokens gave bit-identical logits however a prompt was cut.
+MIN_INVARIANT_CHUNK = 8
 
 
 def default_threads() -> int:
@@ -36,7 +43,7 @@ class LlamaCppConfig:
     model: Path
     n_ctx: int = 16384  # KV cells per sequence; at most the model's trained context
     n_batch: int = 2048  # llama-server's default: the most tokens one iteration can hold
-    n_ubatch: int = 512
+    n_ubatch: int | None = None  # None: n_batch, so llama.cpp never splits a prompt chunk
     n_seq_max: int = 8
     n_threads: int = 0  # 0: physical cores
     kv_unified: bool = False  # one pool of n_ctx cells shared by all sequences
@@ -46,8 +53,8 @@ class LlamaCppConfig:
             (self.n_ctx >= 1, f"--n-ctx must be at least 1, got {self.n_ctx}"),
             (self.n_batch >= 1, f"--n-batch must be at least 1, got {self.n_batch}"),
             (
-                1 <= self.n_ubatch <= self.n_batch,
-                f"--n-ubatch must be between 1 and --n-batch ({self.n_batch}), got {self.n_ubatch}",
+                1 <= self.ubatch <= self.n_batch,
+                f"--n-ubatch must be between 1 and --n-batch ({self.n_batch}), got {self.ubatch}",
             ),
             (
                 1 <= self.n_seq_max <= min(LLAMA_MAX_SEQ, self.n_batch),
@@ -59,6 +66,10 @@ class LlamaCppConfig:
         for ok, message in checks:
             if not ok:
                 raise UserError(message)
+
+    @property
+    def ubatch(self) -> int:
+        return self.n_batch if self.n_ubatch is None else self.n_ubatch
 
 
 class LlamaCppBackend(Backend):
@@ -89,7 +100,7 @@ class LlamaCppBackend(Backend):
                         self.model,
                         n_ctx=config.n_ctx,
                         n_batch=config.n_batch,
-                        n_ubatch=config.n_ubatch,
+                        n_ubatch=config.ubatch,
                         n_seq_max=config.n_seq_max,
                         n_threads=self.n_threads,
                         kv_unified=config.kv_unified,
@@ -106,25 +117,48 @@ class LlamaCppBackend(Backend):
             n_ctx=self.ctx.n_ctx,
             n_seq_max=config.n_seq_max,
             n_ctx_seq=self.ctx.n_ctx_seq,
+            min_chunk=MIN_INVARIANT_CHUNK,
+            max_chunk=config.ubatch,
         )
         self.tokenizer = LlamaTokenizer(self.model)
 
     def execute(self, work: Sequence[SeqWork]) -> StepResult:
-        outputs = self.batch.fill(work)
-        params = {w.seq_id: w.sample for w in work if w.sample is not None}
-        t0 = time.perf_counter()
-        rc = self.ctx.decode(self.batch)
-        duration = time.perf_counter() - t0
-        if rc != 0:
-            what = {1: "no KV slot for the batch", 2: "aborted"}.get(rc, "error")
-            raise BackendError(f"llama_decode returned {rc} ({what})")
+        """One batch, decoded as one group of all decode tokens plus one group per prompt
+        chunk. With a KV stream per sequence llama.cpp splits a batch into runs of
+        consecutive sequence ids with equal token counts, which would compute a chunk's
+        first token beside the decodes, alone, deep in its context: a different kernel, a
+        different greedy output (see MIN_INVARIANT_CHUNK). The groups are the ubatches
+        llama.cpp would have run otherwise, so the cost is the same."""
+        decodes = [w for w in work if len(w.tokens) == 1 and w.sample is not None]
+        chunks = [w for w in work if not (len(w.tokens) == 1 and w.sample is not None)]
+        groups = [g for g in (decodes, *([c] for c in chunks)) if g]
+        self.batch.fill([w for g in groups for w in g])
         sampled: dict[int, int] = {}
-        for seq_id, index in outputs:
-            sampler = self._samplers.get(seq_id)
-            if sampler is None:
-                sampler = self._samplers[seq_id] = LlamaSampler(params[seq_id])
-            sampled[seq_id] = sampler.sample(self.ctx, index)
+        duration = 0.0
+        start = 0
+        for group in groups:
+            n = sum(len(w.tokens) for w in group)
+            t0 = time.perf_counter()
+            rc = self.ctx.decode(self.batch.view(start, n))
+            duration += time.perf_counter() - t0
+            if rc != 0:
+                what = {1: "no KV slot for the batch", 2: "aborted"}.get(rc, "error")
+                raise BackendError(f"llama_decode returned {rc} ({what})")
+            index = 0  # logits are indexed within the group just decoded
+            for w in group:
+                index += len(w.tokens)
+                if w.sample is not None:
+                    sampler = self._sampler(w.seq_id, w.sample)
+                    sampled[w.seq_id] = sampler.sample(self.ctx, index - 1)
+            start += n
         return StepResult(duration_s=duration, sampled=sampled)
+
+    def _sampler(self, seq_id: int, params: SamplingParams) -> LlamaSampler:
+        """The sequence's sampler, created at its first token (it keeps the RNG state)."""
+        sampler = self._samplers.get(seq_id)
+        if sampler is None:
+            sampler = self._samplers[seq_id] = LlamaSampler(params)
+        return sampler
 
     def release(self, seq_id: int) -> None:
         self.ctx.seq_rm(seq_id)
@@ -146,7 +180,7 @@ class LlamaCppBackend(Backend):
             "n_ctx_seq": self.capacity.n_ctx_seq,
             "n_ctx_train": self.model.n_ctx_train,
             "n_batch": c.n_batch,
-            "n_ubatch": c.n_ubatch,
+            "n_ubatch": c.ubatch,
             "n_seq_max": c.n_seq_max,
             "n_threads": self.n_threads,
             "kv_unified": c.kv_unified,
@@ -162,4 +196,5 @@ class LlamaCppBackend(Backend):
 
     def close(self) -> None:
         self._stack.close()
+
 

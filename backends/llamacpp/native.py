@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import llama_cpp as lc
 from llama_cpp import _logger
@@ -98,6 +99,10 @@ class LlamaContext:
         # Keep only the sliding window in sliding-window layers (Gemma 3): a full-size SWA
         # cache makes every layer attend over every resident document (~20% slower here).
         params.swa_full = False
+        # Flash attention off: on the CPU its result depends on how many query rows share a
+        # call (a 150-token prompt prefilled in 64-token chunks moved a logit by ~0.9 here),
+        # so greedy output would depend on the prefill budget; it was no faster here either.
+        params.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
         params.no_perf = True
         self.ptr = lc.llama_init_from_model(model.ptr, params)
         if not self.ptr:
@@ -109,9 +114,9 @@ class LlamaContext:
         self.n_ctx = lc.llama_n_ctx(self.ptr)  # all sequences together
         self.n_ctx_seq = lc.llama_n_ctx_seq(self.ptr)
 
-    def decode(self, batch: LlamaBatch) -> int:
+    def decode(self, batch: lc.llama_batch) -> int:
         """0 ok, 1 no KV slot, 2 aborted, < 0 error (llama.h)."""
-        return lc.llama_decode(self.ptr, batch.struct)
+        return lc.llama_decode(self.ptr, batch)
 
     def seq_rm(self, seq_id: int) -> None:
         lc.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
@@ -155,6 +160,24 @@ class LlamaBatch:
                 outputs.append((w.seq_id, i - 1))
         b.n_tokens = i
         return outputs
+
+    def view(self, start: int, n_tokens: int) -> lc.llama_batch:
+        """Tokens [start, start + n_tokens) of the filled batch, sharing its memory."""
+        b = self.struct
+
+        def at(ptr: Any, ctype: Any) -> Any:
+            return ctypes.cast(ctypes.addressof(ptr.contents) + start * ctypes.sizeof(ctype),
+                               ctypes.POINTER(ctype))
+
+        return lc.llama_batch(
+            n_tokens=n_tokens,
+            token=at(b.token, lc.llama_token),
+            embd=None,
+            pos=at(b.pos, lc.llama_pos),
+            n_seq_id=at(b.n_seq_id, ctypes.c_int32),
+            seq_id=at(b.seq_id, ctypes.POINTER(lc.llama_seq_id)),
+            logits=at(b.logits, ctypes.c_int8),
+        )
 
     def close(self) -> None:
         if self._live:

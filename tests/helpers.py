@@ -1,0 +1,38 @@
+"""Small builders for scheduler tests (no model needed)."""
+
+from __future__ import annotations
+
+from edgeprefill.runtime.request import Request, RequestClass
+from edgeprefill.runtime.scheduler import BackgroundLimits, Capacity, Scheduler
+
+EOG = 1
+
+
+def make_scheduler(
+    n_batch: int = 512,
+    n_ctx: int = 65536,
+    n_seq_max: int = 8,
+    n_ctx_seq: int | None = None,
+    limits: BackgroundLimits | None = None,
+) -> tuple[Scheduler, list[int]]:
+    """A scheduler over a pretend device; returns it and the list of released sequences."""
+    released: list[int] = []
+    cap = Capacity(n_batch, n_ctx, n_seq_max, n_ctx_seq or n_ctx)
+    return Scheduler(cap, lambda t: t == EOG, released.append, limits), released
+
+
+def make_request(
+    rid: str, cls: RequestClass = "foreground", prompt_len: int = 10, max_tokens: int = 4,
+    arrival_s: float = 0.0, ignore_eos: bool = False,
+) -> Request:
+    return Request(rid, cls, arrival_s, list(range(100, 100 + prompt_len)), max_tokens,
+                   ignore_eos=ignore_eos)
+
+
+def run_plan(sched: Scheduler, budget: int | None, token: int = 7, now: float = 0.0):
+    """Plan one iteration and pretend the device sampled `token` wherever asked."""
+    plan = sched.plan(budget)
+    work = sched.work(plan)
+    sampled = {w.seq_id: token for w in work if w.sample is not None}
+    finished = sched.update(plan, sampled, now)
+    return plan, work, finished

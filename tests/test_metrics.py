@@ -1,0 +1,46 @@
+"""Latency definitions checked against numbers computed by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgeprefill.runtime.metrics import class_summary, request_latencies
+
+
+def rec(arrival, times, prompt=10, error=None, finish="length"):
+    return {"arrival_s": arrival, "token_times_s": times, "prompt_tokens": prompt,
+            "output_token_ids": list(range(len(times))), "error": error,
+            "finish_reason": None if error else finish}
+
+
+def test_one_request_by_hand():
+    # arrival 1.0; tokens at 1.5, 1.7, 2.2, 2.3
+    lat = request_latencies(rec(1.0, [1.5, 1.7, 2.2, 2.3]))
+    assert lat["ttft"] == pytest.approx([0.5])
+    assert lat["itl"] == pytest.approx([0.2, 0.5, 0.1])
+    assert lat["e2el"] == pytest.approx([1.3])
+    assert lat["tpot"] == pytest.approx([(1.3 - 0.5) / 3])
+
+
+def test_class_summary_by_hand():
+    recs = [
+        rec(0.0, [1.0, 2.0, 4.0], prompt=100),  # ttft 1, itl 1 and 2, e2e 4, tpot 1.5
+        rec(1.0, [2.0], prompt=50),  # ttft 1, no itl, e2e 1, no tpot
+        rec(0.0, [], prompt=999, error="interrupted"),  # failed: no latency, no tokens
+    ]
+    s = class_summary(recs, duration_s=10.0)
+    assert (s["completed"], s["failed"]) == (2, 1)
+    assert s["mean_ttft_ms"] == pytest.approx(1000.0)
+    assert s["mean_itl_ms"] == pytest.approx(1500.0)
+    assert s["median_itl_ms"] == pytest.approx(1500.0)
+    assert s["p99_itl_ms"] == pytest.approx(1000 * (1 + 0.99 * 1))  # linear between 1 and 2
+    assert s["p95_e2el_ms"] == pytest.approx(1000 * (1 + 0.95 * 3))
+    assert s["mean_tpot_ms"] == pytest.approx(1500.0)
+    assert s["input_tokens"] == 150 and s["output_tokens"] == 4
+    assert s["prefill_tok_s"] == pytest.approx(15.0) and s["output_tok_s"] == pytest.approx(0.4)
+
+
+def test_a_class_with_no_completed_requests_reports_none_not_zero():
+    s = class_summary([rec(0.0, [], error="boom")], duration_s=5.0)
+    assert s["mean_ttft_ms"] is None and s["p99_itl_ms"] is None
+    assert s["completed"] == 0 and s["failed"] == 1

@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import pytest
+
+from edgeprefill.runtime.errors import UserError
+from edgeprefill.runtime.plan import SchedState
+from edgeprefill.runtime.policy import StaticPolicy, UnlimitedPolicy, parse_policy
+
+STATE = SchedState(n_prefill_running=1, n_prefill_waiting=2, n_decode=3,
+                   n_decode_foreground=1, n_batch=2048)
+
+
+@pytest.mark.parametrize("spec", ["static:128", "static:tokens=128"])
+def test_static_spec_forms_build_the_same_cap(spec):
+    policy = parse_policy(spec)
+    assert isinstance(policy, StaticPolicy) and policy.budget(STATE) == 128
+    assert policy.describe() == {"name": "static", "params": {"tokens": 128}}
+
+
+def test_unlimited_has_no_cap():
+    policy = parse_policy("unlimited")
+    assert isinstance(policy, UnlimitedPolicy) and policy.budget(STATE) is None
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("sttic:64", "unknown policy 'sttic'; choose one of: static, unlimited"),
+        ("static:abc", "tokens must be int, got 'abc'"),
+        ("static:0", "tokens must be at least 1, got 0"),
+        ("static:-5", "tokens must be at least 1, got -5"),
+        ("static:size=64", "unknown parameter 'size'; static takes tokens=..."),
+        ("static:64,128", "unexpected '128'"),
+        ("unlimited:5", "unlimited takes no parameters"),
+    ],
+)
+def test_bad_specs_say_what_is_allowed(spec, message):
+    with pytest.raises(UserError) as err:
+        parse_policy(spec)
+    assert message in str(err.value)

@@ -1,0 +1,155 @@
+"""The scheduler's promises: decode first, budget caps prompt tokens, foreground first,
+background preempted at chunk boundaries, admission never over-commits the device."""
+
+from __future__ import annotations
+
+from edgeprefill.runtime.request import Status
+from edgeprefill.runtime.scheduler import BackgroundLimits
+from tests.helpers import EOG, make_request, make_scheduler, run_plan
+
+
+def test_budget_caps_prompt_tokens_and_chunks_continue_where_they_left_off():
+    sched, _ = make_scheduler()
+    req = make_request("bg", "background", prompt_len=150)
+    sched.add(req)
+    sizes, positions = [], []
+    while req.status is Status.PREFILL or req.status is Status.WAITING:
+        plan, work, _ = run_plan(sched, 64)
+        sizes.append(plan.prefill["bg"])
+        positions.append(work[0].pos)
+        assert work[0].tokens == req.prompt[work[0].pos : work[0].pos + sizes[-1]]
+    assert sizes == [64, 64, 22]
+    assert positions == [0, 64, 128]
+    assert req.status is Status.DECODE and len(req.output) == 1  # sampled after the last chunk
+
+
+def test_every_running_decode_gets_one_token_before_any_prompt_token():
+    sched, _ = make_scheduler(n_batch=16)
+    decoders = [make_request(f"d{i}", max_tokens=50) for i in range(3)]
+    for r in decoders:
+        sched.add(r)
+    run_plan(sched, None)  # 30 prompt tokens > 16: finishes over two iterations
+    run_plan(sched, None)
+    assert all(r.status is Status.DECODE for r in decoders)
+    sched.add(make_request("doc", "background", prompt_len=100))
+    plan, work, _ = run_plan(sched, None)
+    assert plan.decode == ("d0", "d1", "d2")
+    assert plan.prefill == {"doc": 13}  # n_batch 16 minus 3 decode tokens
+    assert [len(w.tokens) for w in work] == [1, 1, 1, 13]
+    plan, _, _ = run_plan(sched, 5)
+    assert plan.n_decode == 3 and plan.prefill == {"doc": 5}
+
+
+def test_unlimited_fills_n_batch_and_budget_zero_still_decodes():
+    sched, _ = make_scheduler(n_batch=100)
+    sched.add(make_request("chat", max_tokens=10))
+    run_plan(sched, None)
+    sched.add(make_request("doc", "background", prompt_len=1000))
+    plan, _, _ = run_plan(sched, None)
+    assert plan.prefill == {"doc": 99}
+    plan, _, _ = run_plan(sched, 0)
+    assert plan.decode == ("chat",) and plan.prefill == {}
+
+
+def test_foreground_prompt_preempts_background_at_the_next_chunk_boundary():
+    sched, _ = make_scheduler()
+    doc = make_request("doc", "background", prompt_len=1000)
+    sched.add(doc)
+    run_plan(sched, 64)
+    sched.add(make_request("chat", "foreground", prompt_len=40))
+    plan, _, _ = run_plan(sched, 64)
+    assert list(plan.prefill.items()) == [("chat", 40), ("doc", 24)]  # chat first, doc fills
+    plan, _, _ = run_plan(sched, 64)
+    assert plan.decode == ("chat",) and plan.prefill == {"doc": 64}
+    assert doc.num_computed == 64 + 24 + 64  # slowed, never dropped
+
+
+def test_requests_stop_at_eog_or_max_tokens_and_release_their_sequence():
+    sched, released = make_scheduler()
+    a = make_request("a", max_tokens=3)
+    b = make_request("b", max_tokens=3, prompt_len=5)
+    sched.add(a)
+    sched.add(b)
+    run_plan(sched, None, token=7)
+    _, _, finished = run_plan(sched, None, token=EOG)
+    assert {r.id for r in finished} == {"a", "b"}
+    assert a.finish_reason == "stop" and a.output == [7, EOG]
+    assert sorted(released) == sorted([a.seq_id, b.seq_id])
+    c = make_request("c", max_tokens=2, ignore_eos=True)
+    sched.add(c)
+    run_plan(sched, None, token=EOG)
+    _, _, finished = run_plan(sched, None, token=EOG)
+    assert finished == [c] and c.finish_reason == "length" and c.output == [EOG, EOG]
+    assert not sched.has_work and sched.kv_free == sched.capacity.n_ctx
+
+
+def test_decode_positions_continue_after_the_prompt():
+    sched, _ = make_scheduler()
+    r = make_request("a", prompt_len=10, max_tokens=5)
+    sched.add(r)
+    run_plan(sched, None, token=7)
+    _, work, _ = run_plan(sched, None, token=8)
+    assert work[0].tokens == [7] and work[0].pos == 10
+    _, work, _ = run_plan(sched, None, token=9)
+    assert work[0].tokens == [8] and work[0].pos == 11
+
+
+def test_background_may_not_take_every_sequence_or_the_foreground_kv_reserve():
+    sched, _ = make_scheduler(n_seq_max=4, n_ctx=1000,
+                              limits=BackgroundLimits(max_seqs=2, foreground_kv_cells=200))
+    docs = [make_request(f"doc{i}", "background", prompt_len=300, max_tokens=1) for i in range(3)]
+    for d in docs:
+        sched.add(d)
+    plan, _, _ = run_plan(sched, None)
+    assert set(plan.prefill) == {"doc0", "doc1"}  # two sequences, 600 of 800 usable cells
+    assert docs[2].status is Status.WAITING
+    chat = make_request("chat", prompt_len=300, max_tokens=1)
+    sched.add(chat)
+    plan, _, _ = run_plan(sched, None)
+    assert "chat" in plan.prefill
+
+
+def test_a_request_that_can_never_fit_fails_with_a_reason_and_others_run():
+    sched, _ = make_scheduler(n_ctx=800, n_seq_max=2, n_ctx_seq=400)
+    big = make_request("big", prompt_len=400, max_tokens=8)
+    ok = make_request("ok", prompt_len=100)
+    assert not sched.add(big)
+    assert big.status is Status.FAILED and "407 KV cells" in big.error and "--n-ctx" in big.error
+    assert sched.add(ok)
+    plan, _, _ = run_plan(sched, None)
+    assert plan.prefill == {"ok": 100}
+
+
+def test_kv_reservation_delays_admission_until_cells_are_free():
+    sched, _ = make_scheduler(n_ctx=300, n_seq_max=4, limits=BackgroundLimits(foreground_kv_cells=0))
+    a = make_request("a", prompt_len=200, max_tokens=2)
+    b = make_request("b", prompt_len=200, max_tokens=2)
+    sched.add(a)
+    sched.add(b)
+    plan, _, _ = run_plan(sched, None)
+    assert set(plan.prefill) == {"a"} and b.status is Status.WAITING
+    run_plan(sched, None)  # a finishes (2 tokens)
+    plan, _, _ = run_plan(sched, None)
+    assert set(plan.prefill) == {"b"}
+
+
+def test_plan_is_a_printable_value():
+    sched, _ = make_scheduler()
+    sched.add(make_request("chat", max_tokens=9))
+    run_plan(sched, None)
+    sched.add(make_request("doc", "background", prompt_len=500))
+    plan = sched.plan(64)
+    assert str(plan) == "Plan(budget=64, decode=[chat], prefill={doc: 64})"
+    assert plan.num_scheduled_tokens == {"chat": 1, "doc": 64}
+
+
+def test_abort_fails_everything_waiting_or_running_and_releases_it():
+    sched, released = make_scheduler(n_seq_max=2, limits=BackgroundLimits(max_seqs=1))
+    reqs = [make_request(f"r{i}", "background", max_tokens=5) for i in range(3)]
+    for r in reqs:
+        sched.add(r)
+    run_plan(sched, None)
+    failed = sched.abort("interrupted")
+    assert {r.id for r in failed} == {"r0", "r1", "r2"}
+    assert all(r.status is Status.FAILED and r.error == "interrupted" for r in reqs)
+    assert released == [reqs[0].seq_id] and not sched.has_work

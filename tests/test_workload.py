@@ -1,0 +1,96 @@
+"""Workload files are validated strictly and errors point at the key in the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from edgeprefill.runtime.arrivals import arrival_times
+from edgeprefill.runtime.errors import UserError
+from edgeprefill.runtime.workload import BurstArrivals, PoissonArrivals, load_workload
+
+DEFAULT = Path(__file__).parents[1] / "workloads" / "assistant_plus_indexer.yaml"
+
+
+def write(tmp_path: Path, data) -> Path:
+    p = tmp_path / "w.yaml"
+    p.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return p
+
+
+def base() -> dict:
+    return yaml.safe_load(DEFAULT.read_text())
+
+
+def test_default_workload_loads_with_both_classes():
+    w = load_workload(DEFAULT)
+    classes = {s.cls for s in w.streams.values()}
+    assert classes == {"foreground", "background"}
+    indexer = w.streams["indexer"]
+    assert indexer.prompt.tokens.min >= 2000 and indexer.prompt.tokens.max <= 8000
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda d: d["streams"]["assistant"]["arrivals"].update(rate_per_s=-1),
+         "streams.assistant.arrivals.rate_per_s: Input should be greater than 0 (got -1)"),
+        (lambda d: d["streams"]["assistant"]["arrivals"].update(burstiness=2),
+         "streams.assistant.arrivals.burstiness: unknown key; allowed keys here: "
+         "process, rate_per_s, count, start_s"),
+        (lambda d: d["streams"]["indexer"].update(max_tokens=5),
+         "streams.indexer.max_tokens: unknown key; allowed keys here: class, arrivals, prompt, "
+         "output_tokens, ignore_eos, sampling"),
+        (lambda d: d["streams"]["indexer"]["arrivals"].update(count="four"),
+         "streams.indexer.arrivals.count: Input should be a valid integer (got 'four')"),
+        (lambda d: d["streams"]["assistant"]["arrivals"].update(process="uniform"),
+         "streams.assistant.arrivals.process: unknown process 'uniform'; allowed: 'poisson', 'burst'"),
+        (lambda d: d["streams"]["assistant"].update({"class": "middle"}),
+         "streams.assistant.class: Input should be 'foreground' or 'background' (got 'middle')"),
+        (lambda d: d["streams"]["assistant"].update(output_tokens={"min": 90, "max": 10}),
+         "streams.assistant.output_tokens: max (10) must be at least min (90)"),
+        (lambda d: d["streams"]["assistant"].pop("prompt"),
+         "streams.assistant.prompt: required key is missing"),
+        (lambda d: d.update(sed=1),
+         "sed: unknown key; allowed keys here: name, description, seed, streams"),
+    ],
+)
+def test_bad_workloads_name_the_file_the_key_and_the_rule(tmp_path, mutate, expected):
+    data = base()
+    mutate(data)
+    path = write(tmp_path, data)
+    with pytest.raises(UserError) as err:
+        load_workload(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: ")
+    assert expected in message
+    assert "\n" not in message
+
+
+def test_yaml_syntax_and_missing_file_errors(tmp_path):
+    with pytest.raises(UserError, match=r"line 3, column 1: not valid YAML"):
+        load_workload(write(tmp_path, "name: x\nstreams: [a\n"))
+    with pytest.raises(UserError, match="does not exist"):
+        load_workload(tmp_path / "nope.yaml")
+    with pytest.raises(UserError, match="a workload is a YAML mapping"):
+        load_workload(write(tmp_path, "- 1\n- 2\n"))
+
+
+def test_token_ranges_accept_a_bare_integer(tmp_path):
+    data = base()
+    data["streams"]["assistant"]["output_tokens"] = 32
+    w = load_workload(write(tmp_path, data))
+    assert (w.streams["assistant"].output_tokens.min, w.streams["assistant"].output_tokens.max) == (32, 32)
+
+
+def test_arrivals_are_seeded_and_shaped():
+    p = PoissonArrivals(process="poisson", rate_per_s=2.0, count=2000, start_s=1.0)
+    a = arrival_times(p, np.random.default_rng(1))
+    assert a == arrival_times(p, np.random.default_rng(1))
+    assert a[0] == 1.0 and all(x <= y for x, y in zip(a, a[1:]))
+    assert np.mean(np.diff(a)) == pytest.approx(0.5, rel=0.1)
+    b = BurstArrivals(process="burst", count=3, start_s=2.0, interval_s=0.5)
+    assert arrival_times(b, np.random.default_rng(0)) == [2.0, 2.5, 3.0]
