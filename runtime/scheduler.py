@@ -8,8 +8,8 @@ is preempted at chunk boundaries, never dropped.
 
 Admission is check-then-act on two resources the backend reports: sequence slots and KV
 cells. A request reserves every cell it can ever use when admitted, so a running request
-never runs out of cache; one sequence slot is kept for foreground work so a burst of
-documents cannot lock the assistant out.
+never runs out of cache; background work may hold only some of the sequences and must leave
+some cells free (`BackgroundLimits`), so a burst of documents cannot lock the assistant out.
 """
 
 from __future__ import annotations

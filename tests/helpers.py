@@ -14,10 +14,12 @@ def make_scheduler(
     n_seq_max: int = 8,
     n_ctx_seq: int | None = None,
     limits: BackgroundLimits | None = None,
+    min_chunk: int = 1,
+    max_chunk: int | None = None,
 ) -> tuple[Scheduler, list[int]]:
     """A scheduler over a pretend device; returns it and the list of released sequences."""
     released: list[int] = []
-    cap = Capacity(n_batch, n_ctx, n_seq_max, n_ctx_seq or n_ctx)
+    cap = Capacity(n_batch, n_ctx, n_seq_max, n_ctx_seq or n_ctx, min_chunk, max_chunk)
     return Scheduler(cap, lambda t: t == EOG, released.append, limits), released
 
 

@@ -153,3 +153,37 @@ def test_abort_fails_everything_waiting_or_running_and_releases_it():
     assert {r.id for r in failed} == {"r0", "r1", "r2"}
     assert all(r.status is Status.FAILED and r.error == "interrupted" for r in reqs)
     assert released == [reqs[0].seq_id] and not sched.has_work
+
+
+def test_chunks_never_shorter_than_min_chunk_nor_leave_a_shorter_remainder():
+    sched, _ = make_scheduler(min_chunk=8, max_chunk=100)
+    chat = make_request("chat", prompt_len=60, max_tokens=50)
+    doc = make_request("doc", "background", prompt_len=130, max_tokens=2)
+    sched.add(chat)
+    sched.add(doc)
+    sizes = []
+    while doc.remaining_prompt:
+        plan, _, _ = run_plan(sched, 64)
+        sizes.append(dict(plan.prefill))
+    # 60 for the chat leaves 4 < 8: the doc waits; then the doc's 130 goes as 64 + 58 + 8,
+    # never as 64 + 64 + 2.
+    assert sizes[0] == {"chat": 60}
+    doc_sizes = [s["doc"] for s in sizes if "doc" in s]
+    assert doc_sizes == [64, 58, 8]
+    assert all(n >= 8 for s in sizes for n in s.values())
+
+
+def test_max_chunk_caps_one_request_per_iteration_but_not_the_batch():
+    sched, _ = make_scheduler(max_chunk=100)
+    for i in range(3):
+        sched.add(make_request(f"d{i}", "background", prompt_len=250))
+    plan, _, _ = run_plan(sched, None)
+    assert plan.prefill == {"d0": 100, "d1": 100, "d2": 100}
+
+
+def test_a_budget_below_min_chunk_still_makes_progress():
+    sched, _ = make_scheduler(min_chunk=8)
+    req = make_request("a", prompt_len=20)
+    sched.add(req)
+    plan, _, _ = run_plan(sched, 4)
+    assert plan.prefill == {"a": 4}

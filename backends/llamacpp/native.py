@@ -8,24 +8,37 @@ creation (samplers and batch, then context, then model) through an ExitStack.
 from __future__ import annotations
 
 import ctypes
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import llama_cpp as lc
-from llama_cpp import _logger
 
 from edgeprefill.runtime.request import SamplingParams
 from edgeprefill.runtime.scheduler import SeqWork
 
 _initialised = False
+_GGML_LOG_ERROR, _GGML_LOG_CONT = 4, 5  # ggml.h; llama-cpp-python's own table predates them
+_last_level = 0
 
 
-def init_llama(verbose: bool = False) -> None:
-    """Initialise ggml once per process and keep llama.cpp's info logs off stderr."""
+@lc.llama_log_callback
+def _log_errors_only(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    """llama.cpp logs every load and context detail (and warns about this model's `</s>`
+    token); a user sees only its errors."""
+    global _last_level
+    if level != _GGML_LOG_CONT:
+        _last_level = level
+    if _last_level >= _GGML_LOG_ERROR:
+        sys.stderr.write(text.decode(errors="replace"))
+
+
+def init_llama() -> None:
+    """Initialise ggml once per process, logging errors only."""
     global _initialised
-    _logger.set_verbose(verbose)
     if not _initialised:
+        lc.llama_log_set(_log_errors_only, ctypes.c_void_p(0))
         lc.llama_backend_init()
         _initialised = True
 

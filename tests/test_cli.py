@@ -1,0 +1,159 @@
+"""`edgeprefill run` end to end on the real model, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from edgeprefill.runtime.metrics import class_summary
+
+pytestmark = pytest.mark.slow
+
+CLI = [sys.executable, "-m", "edgeprefill.runtime.cli"]
+DEFAULT = Path(__file__).parents[1] / "workloads" / "assistant_plus_indexer.yaml"
+
+
+def small_workload(tmp_path: Path, chats: int = 3, docs: int = 2, doc_tokens: int = 600) -> Path:
+    data = {
+        "name": "small",
+        "seed": 7,
+        "streams": {
+            "chat": {
+                "class": "foreground",
+                "arrivals": {"process": "poisson", "rate_per_s": 2.0, "count": chats},
+                "prompt": {"source": "text", "tokens": {"min": 40, "max": 80}, "system": "Be brief."},
+                "output_tokens": {"min": 6, "max": 10},
+                "ignore_eos": True,
+            },
+            "docs": {
+                "class": "background",
+                "arrivals": {"process": "burst", "count": docs},
+                "prompt": {"source": "text", "tokens": doc_tokens, "instruction": "Summarize."},
+                "output_tokens": 4,
+            },
+        },
+    }
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_run_writes_results_that_agree_with_each_other(tmp_path):
+    out = tmp_path / "out"
+    res = run_cli("run", small_workload(tmp_path), "--out", out, "--policy", "static:32",
+                  "--no-progress", "--n-ctx", "2048")
+    assert res.returncode == 0, res.stderr
+    assert "foreground" in res.stdout and "Mean ITL (ms):" in res.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    requests = read_jsonl(out / "requests.jsonl")
+    iterations = read_jsonl(out / "iterations.jsonl")
+
+    assert summary["completed"] == 5 and summary["failed"] == 0 and not summary["interrupted"]
+    assert summary["policy"] == {"name": "static", "params": {"tokens": 32}, "spec": "static:32"}
+    assert summary["machine"]["cpu_model"] and summary["backend"]["name"] == "llamacpp"
+    acc = summary["accounting"]
+    assert acc["reconciled"] and acc["submitted"] == len(requests) == 5
+    for cls in ("foreground", "background"):
+        recomputed = class_summary([r for r in requests if r["class"] == cls], summary["duration_s"])
+        assert summary[cls] == recomputed
+    assert summary["iterations"] == len(iterations)
+    assert sum(it["n_prefill"] for it in iterations) == sum(r["prompt_tokens"] for r in requests)
+    assert all(it["n_prefill"] <= 32 for it in iterations)
+    for r in requests:
+        assert len(r["token_times_s"]) == len(r["output_token_ids"]) >= 1
+        assert r["token_times_s"] == sorted(r["token_times_s"])
+        assert r["token_times_s"][0] >= r["arrival_s"]
+        assert r["finish_reason"] in ("stop", "length") and r["error"] is None
+    chats = [r for r in requests if r["class"] == "foreground"]
+    assert all(6 <= len(r["output_token_ids"]) <= 10 for r in chats)
+
+
+def test_a_request_too_long_for_the_context_fails_and_the_run_goes_on(tmp_path):
+    out = tmp_path / "out"
+    res = run_cli("run", small_workload(tmp_path, doc_tokens=1500), "--out", out,
+                  "--no-progress", "--n-ctx", "1024")
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    requests = read_jsonl(out / "requests.jsonl")
+    failed = [r for r in requests if r["error"]]
+    assert {r["class"] for r in failed} == {"background"} and len(failed) == 2
+    assert "needs 1503 KV cells but a sequence holds 1024" in failed[0]["error"]
+    assert summary["completed"] == 3 and summary["failed"] == 2
+    assert summary["accounting"]["reconciled"]
+
+
+def assert_clean_error(res: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("edgeprefill: error: ")
+    assert "Traceback" not in res.stderr
+    for f in fragments:
+        assert f in lines[0]
+
+
+def test_bad_inputs_give_one_line_and_exit_code_2(tmp_path):
+    wl = small_workload(tmp_path)
+    not_gguf = tmp_path / "model.gguf"
+    not_gguf.write_text("this is not a model")
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text(DEFAULT.read_text().replace("rate_per_s: 0.08", "rate_per_s: -0.5"))
+    cases = [
+        (["--model", tmp_path / "missing.gguf"], "model file", "does not exist"),
+        (["--model", not_gguf], "is not a GGUF file"),
+        (["--n-ubatch", "4096"], "--n-ubatch must be between 1 and --n-batch (2048)"),
+        (["--policy", "static:0"], "tokens must be at least 1"),
+        (["--policy", "fastest"], "unknown policy 'fastest'; choose one of"),
+        (["--n-ctx", "100000"], "exceeds the model's trained context (32768)"),
+        (["--max-background", "9"], "background sequences must be between 1 and n_seq_max (8)"),
+        (["--backend", "vllm"], "Invalid value for '--backend'"),
+        (["--n-batch", "abc"], "'abc' is not a valid integer"),
+    ]
+    for extra, *fragments in cases:
+        assert_clean_error(run_cli("run", wl, "--no-progress", "--out", tmp_path / "o", *extra),
+                           *fragments)
+    assert_clean_error(run_cli("run", bad_yaml, "--no-progress"),
+                       "streams.assistant.arrivals.rate_per_s: Input should be greater than 0")
+    assert_clean_error(run_cli("run", tmp_path / "nope.yaml"), "nope.yaml does not exist")
+
+
+def test_ctrl_c_keeps_finished_work_and_marks_the_run_interrupted(tmp_path):
+    out = tmp_path / "out"
+    wl = small_workload(tmp_path, chats=30, docs=3, doc_tokens=3000)
+    proc = subprocess.Popen([*CLI, "run", str(wl), "--out", str(out), "--no-progress",
+                             "--policy", "static:64"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    requests_file = out / "requests.jsonl"
+    while time.monotonic() < deadline:
+        if requests_file.exists() and len(requests_file.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "interrupted" in stderr
+    summary = json.loads((out / "summary.json").read_text())
+    requests = read_jsonl(requests_file)
+    assert summary["interrupted"] is True
+    assert summary["completed"] >= 2
+    assert summary["accounting"]["reconciled"]
+    interrupted = [r for r in requests if r["error"] == "interrupted"]
+    assert interrupted, "work in flight should be reported as failed: interrupted"
+    assert summary["completed"] + summary["failed"] == len(requests)
+    assert summary["accounting"]["not_arrived"] + len(requests) == 33
