@@ -112,7 +112,9 @@ def test_bad_inputs_give_one_line_and_exit_code_2(tmp_path):
     not_gguf = tmp_path / "model.gguf"
     not_gguf.write_text("this is not a model")
     bad_yaml = tmp_path / "bad.yaml"
-    bad_yaml.write_text(DEFAULT.read_text().replace("rate_per_s: 0.08", "rate_per_s: -0.5"))
+    data = yaml.safe_load(DEFAULT.read_text())
+    data["streams"]["assistant"]["arrivals"]["rate_per_s"] = -0.5
+    bad_yaml.write_text(yaml.safe_dump(data))
     cases = [
         (["--model", tmp_path / "missing.gguf"], "model file", "does not exist"),
         (["--model", not_gguf], "is not a GGUF file"),
@@ -127,7 +129,7 @@ def test_bad_inputs_give_one_line_and_exit_code_2(tmp_path):
     for extra, *fragments in cases:
         assert_clean_error(run_cli("run", wl, "--no-progress", "--out", tmp_path / "o", *extra),
                            *fragments)
-    assert_clean_error(run_cli("run", bad_yaml, "--no-progress"),
+    assert_clean_error(run_cli("run", bad_yaml, "--no-progress", "--out", tmp_path / "o"),
                        "streams.assistant.arrivals.rate_per_s: Input should be greater than 0")
     assert_clean_error(run_cli("run", tmp_path / "nope.yaml"), "nope.yaml does not exist")
 
