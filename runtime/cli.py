@@ -5,10 +5,13 @@ Bad input of any kind ends in one line on stderr and exit code 2, never a traceb
 
 from __future__ import annotations
 
+import functools
 import sys
-import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -20,85 +23,210 @@ def cli() -> None:
     """Interleave foreground chat and background document prefill on one local model."""
 
 
+def device_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The backend and device options `run` and `compare` share."""
+    options = [
+        click.option("--backend", type=click.Choice(["llamacpp", "sim"]), default="llamacpp",
+                     show_default=True, help="sim: the simulated backend (needs --cost-model)"),
+        click.option("--model", type=click.Path(path_type=Path), default=None,
+                     help="GGUF file [default: the bundled Gemma 3 270M Q4_K_M]"),
+        click.option("--cost-model", type=click.Path(path_type=Path), default=None,
+                     help="the simulated backend's cost model (from `edgeprefill calibrate`)"),
+        click.option("--calibration", default="probe", show_default=True,
+                     help="device profile for policy defaults: probe (a few iterations at "
+                          "startup), none, or a cost-model file"),
+        click.option("--n-ctx", type=int, default=16384, show_default=True,
+                     help="KV cells per sequence (the longest prompt + output)"),
+        click.option("--kv-unified/--no-kv-unified", default=False, show_default=True,
+                     help="one KV pool of --n-ctx cells shared by all sequences"),
+        click.option("--n-batch", type=int, default=2048, show_default=True,
+                     help="most tokens in one iteration"),
+        click.option("--n-ubatch", type=int, default=None,
+                     help="most tokens llama.cpp computes in one graph [default: --n-batch]"),
+        click.option("--n-seq-max", type=int, default=8, show_default=True,
+                     help="sequences decoded together"),
+        click.option("--max-background", type=int, default=None,
+                     help="sequences background work may hold [default: half of --n-seq-max]"),
+        click.option("--foreground-kv", type=int, default=None,
+                     help="KV cells background work must leave free [default: --n-ctx / 8]"),
+        click.option("--threads", type=int, default=0,
+                     help="CPU threads [default: physical cores]"),
+        click.option("--progress/--no-progress", default=True, show_default=True),
+    ]
+    return functools.reduce(lambda g, opt: opt(g), reversed(options), f)
+
+
+@contextmanager
+def open_device(o: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
+    """The backend the options name, and the device profile policies default from."""
+    from edgeprefill.runtime.calibrate import load_profile, probe_device
+
+    if o["backend"] == "sim":
+        from edgeprefill.backends.sim import SimBackend
+        from edgeprefill.runtime.scheduler import Capacity
+
+        if o["cost_model"] is None:
+            raise UserError("--backend sim needs --cost-model FILE (write one with "
+                            "`edgeprefill calibrate RUN_DIR`)")
+        profile = load_profile(o["cost_model"])
+        n_ctx = o["n_ctx"] * (1 if o["kv_unified"] else o["n_seq_max"])
+        try:
+            capacity = Capacity(o["n_batch"], n_ctx, o["n_seq_max"], o["n_ctx"],
+                                profile.min_chunk, o["n_ubatch"] or o["n_batch"])
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        yield (lambda: SimBackend(profile.cost, capacity)), profile
+        return
+
+    from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
+    from edgeprefill.backends.llamacpp.model_file import default_model_path
+
+    config = LlamaCppConfig(
+        model=o["model"] if o["model"] is not None else default_model_path(),
+        n_ctx=o["n_ctx"], n_batch=o["n_batch"], n_ubatch=o["n_ubatch"],
+        n_seq_max=o["n_seq_max"], n_threads=o["threads"], kv_unified=o["kv_unified"],
+    )
+    with LlamaCppBackend(config) as be:
+        calibration = o["calibration"]
+        if calibration == "probe":
+            profile = probe_device(be)
+        elif calibration == "none":
+            profile = None
+        else:
+            profile = load_profile(Path(calibration))
+        yield (lambda: be), profile
+
+
+def _limits(o: dict[str, Any]) -> Any:
+    from edgeprefill.runtime.scheduler import BackgroundLimits
+
+    return BackgroundLimits(o["max_background"], o["foreground_kv"])
+
+
 @cli.command()
 @click.argument("workload", type=click.Path(path_type=Path))
-@click.option("--backend", type=click.Choice(["llamacpp"]), default="llamacpp", show_default=True)
-@click.option("--model", type=click.Path(path_type=Path), default=None,
-              help="GGUF file [default: the bundled Gemma 3 270M Q4_K_M]")
 @click.option("--policy", "policy_spec", default="static:64", show_default=True,
-              help="prefill budget policy: static:N (N prompt tokens per iteration) or unlimited")
+              help="prefill budget policy: static:N, unlimited, ppas[:nth=,bmax=,bcap=], "
+                   "dlfp[:target_ms=,...], cadence[:itl_ms=]")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="results folder [default: results/WORKLOAD-POLICY-TIME]")
 @click.option("--seed", type=int, default=None, help="override the workload's seed")
-@click.option("--n-ctx", type=int, default=16384, show_default=True,
-              help="KV cells per sequence (the longest prompt + output)")
-@click.option("--kv-unified/--no-kv-unified", default=False, show_default=True,
-              help="one KV pool of --n-ctx cells shared by all sequences")
-@click.option("--n-batch", type=int, default=2048, show_default=True,
-              help="most tokens in one iteration")
-@click.option("--n-ubatch", type=int, default=None,
-              help="most tokens llama.cpp computes in one graph [default: --n-batch]")
-@click.option("--n-seq-max", type=int, default=8, show_default=True,
-              help="sequences decoded together")
-@click.option("--max-background", type=int, default=None,
-              help="sequences background work may hold [default: half of --n-seq-max]")
-@click.option("--foreground-kv", type=int, default=None,
-              help="KV cells background work must leave free [default: --n-ctx / 8]")
-@click.option("--threads", type=int, default=0, help="CPU threads [default: physical cores]")
-@click.option("--progress/--no-progress", default=True, show_default=True)
-def run(workload: Path, backend: str, model: Path | None, policy_spec: str, out: Path | None,
-        seed: int | None, n_ctx: int, kv_unified: bool, n_batch: int, n_ubatch: int | None, n_seq_max: int,
-        max_background: int | None, foreground_kv: int | None, threads: int,
-        progress: bool) -> None:
+@device_options
+def run(workload: Path, policy_spec: str, out: Path | None, seed: int | None,
+        **o: Any) -> None:
     """Run WORKLOAD (a YAML file) and write summary.json, requests.jsonl, iterations.jsonl."""
-    from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
-    from edgeprefill.backends.llamacpp.model_file import default_model_path
-    from edgeprefill.runtime.console import LiveProgress, format_summary
-    from edgeprefill.runtime.engine import Engine
+    from edgeprefill.runtime.console import format_summary
     from edgeprefill.runtime.policy import parse_policy
-    from edgeprefill.runtime.results import RunWriter
-    from edgeprefill.runtime.scheduler import BackgroundLimits
-    from edgeprefill.runtime.run import run_requests
-    from edgeprefill.runtime.trace import build_requests
+    from edgeprefill.runtime.session import run_workload
     from edgeprefill.runtime.workload import load_workload
-    from edgeprefill.thermal.machine import describe_machine
 
     spec = load_workload(workload)
-    policy = parse_policy(policy_spec)
-    config = LlamaCppConfig(
-        model=model if model is not None else default_model_path(),
-        n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max, n_threads=threads,
-        kv_unified=kv_unified,
-    )
-    started = datetime.now(timezone.utc)
+    parse_policy(policy_spec)  # a bad spec fails before the model loads
     if out is None:
-        stamp = started.strftime("%Y%m%d-%H%M%S")
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
         out = Path("results") / f"{spec.name}-{policy_spec.replace(':', '_')}-{stamp}"
-    with LlamaCppBackend(config) as be:
-        requests = build_requests(spec, be.tokenizer, seed)
-        try:
-            engine = Engine(be, policy, limits=BackgroundLimits(max_background, foreground_kv))
-        except ValueError as e:
-            raise UserError(f"--max-background/--foreground-kv: {e}") from None
-        with RunWriter(out) as writer, LiveProgress(requests, enabled=progress) as show:
-            outcome = run_requests(engine, requests, writer, show)
-            meta = {
-                "backend": be.describe(),
-                "policy": {**policy.describe(), "spec": policy_spec},
-                "workload": {"name": spec.name, "path": str(workload)},
-                "seed": spec.seed if seed is None else seed,
-                "start_time": started.isoformat(),
-                "machine": describe_machine(),
-                "simulated": False,
-            }
-            summary = writer.summary(meta, outcome.duration_s, outcome.interrupted,
-                                     outcome.not_arrived)
-            writer.write_summary(summary)
-    click.echo(format_summary(summary))
+    with open_device(o) as (make_backend, profile):
+        result = run_workload(spec, workload, make_backend(), policy_spec, out, profile=profile,
+                              seed=seed, limits=_limits(o), progress=o["progress"])
+    click.echo(format_summary(result.summary))
     click.echo(f"results: {out}")
-    if outcome.interrupted:
+    if result.outcome.interrupted:
         click.echo("run interrupted: finished requests were kept, the rest marked failed", err=True)
         sys.exit(130)
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="cost-model file [default: RUN_DIR/cost_model.json]")
+def calibrate(run_dir: Path, out: Path | None) -> None:
+    """Fit the iteration cost model to RUN_DIR's iterations.jsonl, for the simulated
+    backend (`--backend sim --cost-model FILE`) or as a run's `--calibration FILE`."""
+    from edgeprefill.runtime.calibrate import profile_from_run, save_profile
+
+    profile = profile_from_run(run_dir)
+    out = out or run_dir / "cost_model.json"
+    save_profile(profile, out)
+    c = profile.cost
+    click.echo(
+        f"fitted {c.n_samples} iterations: {c.per_pass_s * 1e3:.2f} ms per pass + "
+        f"{c.per_decode_s * 1e3:.2f} ms per decode + {c.per_prefill_s * 1e3:.3f} ms per prompt "
+        f"token + {c.per_kctx_s * 1e3:.3f} ms per 1k attended cells (rmse "
+        f"{(c.rmse_s or 0) * 1e3:.1f} ms); target {profile.target_s * 1e3:.0f} ms -> chunk "
+        f"{profile.chunk_for()}"
+    )
+    click.echo(f"cost model: {out}")
+
+
+@cli.command()
+@click.argument("workload", type=click.Path(path_type=Path))
+@click.option("--policies", default="static:64,ppas,dlfp,cadence", show_default=True,
+              help="comma-separated policy specs")
+@click.option("--baselines", default=None,
+              help="policies to take ratios against [default: every static/ppas/dlfp given]")
+@click.option("--seeds", type=click.IntRange(min=1), default=3, show_default=True,
+              help="paired trials: the workload's seed, seed+1, ...")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="folder for every run and comparison.json [default: results/compare-TIME]")
+@device_options
+def compare(workload: Path, policies: str, baselines: str | None, seeds: int, out: Path | None,
+            **o: Any) -> None:
+    """Run every policy on the same arrivals and prompts for each seed and compare them."""
+    import json
+
+    from edgeprefill.runtime.compare import build_report, format_report, outputs_agree
+    from edgeprefill.runtime.policy import parse_policy
+    from edgeprefill.runtime.session import run_workload
+    from edgeprefill.runtime.workload import load_workload
+
+    spec = load_workload(workload)
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    for name in names:
+        parse_policy(name)
+    if len(set(names)) != len(names) or len(names) < 2:
+        raise UserError(f"--policies needs two or more different policies, got {policies!r}")
+    bases = ([b.strip() for b in baselines.split(",")] if baselines
+             else [n for n in names if n.split(":")[0] in ("static", "ppas", "dlfp", "unlimited")])
+    unknown = [b for b in bases if b not in names]
+    if unknown:
+        raise UserError(f"--baselines {', '.join(unknown)} not among --policies {policies}")
+    if out is None:
+        out = Path("results") / f"compare-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+    summaries: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    checks: list[str] = []
+    all_agree, all_reconciled = True, True
+    with open_device(o) as (make_backend, profile):
+        for i in range(seeds):
+            seed = spec.seed + i
+            records: dict[str, list[dict[str, Any]]] = {}
+            for name in names:
+                click.echo(f"seed {seed}: {name}", err=True)
+                result = run_workload(spec, workload, make_backend(), name,
+                                      out / f"seed{seed}" / name.replace(":", "_"),
+                                      profile=profile, seed=seed, limits=_limits(o),
+                                      progress=o["progress"])
+                if result.outcome.interrupted:
+                    raise UserError(f"interrupted during seed {seed}, {name}; finished runs "
+                                    f"are in {out}")
+                summaries[name].append(result.summary)
+                records[name] = [r.record() for r in result.requests]
+                all_reconciled &= bool(result.summary["accounting"]["reconciled"])
+            agree, problems = outputs_agree(records)
+            all_agree &= agree
+            checks += [f"seed {seed}: {p}" for p in problems[:5]]
+    checks.insert(0, "output tokens agree exactly across policies: "
+                  + ("yes" if all_agree else "NO"))
+    checks.insert(1, "request and token counts reconcile in every run: "
+                  + ("yes" if all_reconciled else "NO"))
+    report = build_report(summaries, bases)
+    report.update(
+        workload=spec.name, seeds=[spec.seed + i for i in range(seeds)], policies=names,
+        simulated=o["backend"] == "sim", outputs_agree=all_agree, reconciled=all_reconciled,
+        calibration=profile.describe() if profile is not None else None,
+    )
+    (out / "comparison.json").write_text(json.dumps(report, indent=2) + "\n")
+    click.echo(format_report(report, checks))
+    click.echo(f"comparison: {out / 'comparison.json'}")
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgeprefill.backends.base import Backend, BackendError
+from edgeprefill.runtime.calibrate import DeviceProfile
 from edgeprefill.runtime.plan import IterationTiming, Plan
 from edgeprefill.runtime.policy import BudgetPolicy
 from edgeprefill.runtime.request import Request
@@ -25,6 +26,9 @@ class RunClock:
 
     def now(self) -> float:
         return time.perf_counter() - self._t0
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,8 @@ class Iteration:
             "n_prefill": self.plan.n_prefill,
             "n_prefill_foreground": self.prefill_by_class.get("foreground", 0),
             "n_prefill_background": self.prefill_by_class.get("background", 0),
+            "n_chunks": self.timing.n_chunks,
+            "ctx_work": self.timing.ctx_work,
             "policy": self.policy_state,
             "error": self.error,
         }
@@ -62,10 +68,13 @@ class Engine:
         *,
         limits: BackgroundLimits | None = None,
         clock: RunClock | None = None,
+        profile: DeviceProfile | None = None,
     ) -> None:
         self.backend = backend
         self.policy = policy
-        self.clock = clock or RunClock()
+        self.clock = clock or getattr(backend, "clock", None) or RunClock()
+        if profile is not None:
+            policy.calibrate(profile)
         self.scheduler = Scheduler(
             backend.capacity,
             is_eog=backend.tokenizer.is_eog,
@@ -93,14 +102,17 @@ class Engine:
         for rid, n in plan.prefill.items():
             by_class[by_id[rid].cls] += n
         n_fg = sum(by_id[rid].cls == "foreground" for rid in plan.decode)
+        work = self.scheduler.work(plan)
         try:
-            result = self.backend.execute(self.scheduler.work(plan))
+            result = self.backend.execute(work)
         except BackendError as e:
             failed = self.scheduler.fail_plan(plan, str(e))
             timing = IterationTiming(self.clock.now() - t_start, 0, 0, 0, plan.budget)
             return Iteration(t_start, plan, timing, by_class, {}, failed, str(e))
         timing = IterationTiming(
-            result.duration_s, plan.n_decode, plan.n_prefill, n_fg, plan.budget
+            result.duration_s, plan.n_decode, plan.n_prefill, n_fg, plan.budget,
+            n_chunks=sum(not w.is_decode for w in work),
+            ctx_work=sum(w.ctx_work for w in work),
         )
         self.policy.observe(timing)
         self.last = timing

@@ -67,4 +67,13 @@ def class_summary(records: Iterable[Mapping[str, Any]], duration_s: float) -> di
     out["output_tokens"] = output_tokens
     out["prefill_tok_s"] = input_tokens / duration_s if duration_s > 0 else None
     out["output_tok_s"] = output_tokens / duration_s if duration_s > 0 else None
+    # The class's own span, first arrival to last token: how long its work took, which
+    # the run's duration hides when another class's arrivals set it.
+    span = (
+        max(r["token_times_s"][-1] for r in done) - min(r["arrival_s"] for r in done)
+        if done
+        else None
+    )
+    out["makespan_s"] = span
+    out["span_prefill_tok_s"] = input_tokens / span if span else None
     return out

@@ -19,6 +19,8 @@ class IterationTiming:
     n_prefill: int  # prompt tokens in it
     n_decode_foreground: int = 0
     budget: int | None = None  # the cap that was in force
+    n_chunks: int = 0  # prompt chunks in it (on llama.cpp each is a pass over the weights)
+    ctx_work: int = 0  # attention work: KV cells attended, summed over its tokens
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,8 @@ class SchedState:
     n_decode_foreground: int
     n_batch: int  # the most tokens one iteration can hold
     last: IterationTiming | None = None
+    decode_ctx: int = 0  # KV cells the decodes will attend to, summed
+    next_prefill_pos: int = 0  # where the next prompt chunk would start in its sequence
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,14 @@ from __future__ import annotations
 import dataclasses
 import typing
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from edgeprefill.runtime.errors import UserError
 from edgeprefill.runtime.plan import IterationTiming, SchedState
 from edgeprefill.runtime.registry import Registry
+
+if TYPE_CHECKING:
+    from edgeprefill.runtime.calibrate import DeviceProfile
 
 
 class BudgetPolicy(ABC):
@@ -32,6 +35,18 @@ class BudgetPolicy(ABC):
 
     def observe(self, timing: IterationTiming) -> None:
         """Learn from a completed iteration; stateless policies ignore it."""
+
+    def calibrate(self, profile: DeviceProfile) -> None:
+        """Fill the parameters the user left unset from the device's measured profile.
+        Called once, before the first iteration."""
+
+    def _need(self, value: Any, what: str) -> Any:
+        if value is None:
+            raise ValueError(
+                f"policy {self.name} has no {what}: give it (e.g. {self.name}:{what}=...) "
+                "or run with device calibration"
+            )
+        return value
 
     def params(self) -> dict[str, Any]:
         """The parameters the policy runs with, for summary.json."""
@@ -91,15 +106,20 @@ def parse_policy(spec: str) -> BudgetPolicy:
                 raise UserError(f"--policy {spec!r}: unexpected {part!r}; {name} takes {usage}")
             key, value = fields[0].name, part
         key = key.strip()
-        if key not in hints or key == "name":
+        if key not in {f.name for f in fields}:
             raise UserError(f"--policy {spec!r}: unknown parameter {key!r}; {name} takes {usage}")
+        kind = next(a for a in (typing.get_args(hints[key]) or (hints[key],)) if a is not type(None))
         try:
-            kwargs[key] = hints[key](value.strip())
+            kwargs[key] = kind(value.strip())
         except ValueError:
             raise UserError(
-                f"--policy {spec!r}: {key} must be {hints[key].__name__}, got {value!r}"
+                f"--policy {spec!r}: {key} must be {kind.__name__}, got {value!r}"
             ) from None
     try:
         return factory(**kwargs)
     except ValueError as e:
         raise UserError(f"--policy {spec!r}: {e}") from None
+
+
+# The paper policies and ours register themselves on import.
+from edgeprefill.runtime import cadence, dlfp, ppas  # noqa: E402, F401

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -83,7 +82,7 @@ def run_requests(
                             "running: the run cannot progress"
                         )
                     if pending:
-                        time.sleep(min(IDLE_POLL_S, max(pending[0].arrival_s - clock.now(), 0)))
+                        clock.sleep(min(IDLE_POLL_S, max(pending[0].arrival_s - clock.now(), 0)))
                     continue
                 writer.iteration(it)
                 on_iteration(it)

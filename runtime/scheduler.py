@@ -78,6 +78,16 @@ class SeqWork:
     pos: int  # position of tokens[0]; each sequence continues at its last position + 1
     sample: SamplingParams | None  # sample a token after the last one, with these params
 
+    @property
+    def is_decode(self) -> bool:
+        return len(self.tokens) == 1 and self.sample is not None
+
+    @property
+    def ctx_work(self) -> int:
+        """KV cells its tokens attend to: positions pos+1 .. pos+len, summed."""
+        n = len(self.tokens)
+        return n * self.pos + n * (n + 1) // 2
+
 
 class Scheduler:
     def __init__(
@@ -137,6 +147,7 @@ class Scheduler:
     # --- one iteration --------------------------------------------------------------
     def state(self, last: IterationTiming | None = None) -> SchedState:
         decodes = [r for r in self.running if r.status is Status.DECODE]
+        head = next(self._prefill_order(), None)
         return SchedState(
             n_prefill_running=sum(r.status is Status.PREFILL for r in self.running),
             n_prefill_waiting=sum(len(q) for q in self.waiting.values()),
@@ -144,6 +155,8 @@ class Scheduler:
             n_decode_foreground=sum(r.cls == "foreground" for r in decodes),
             n_batch=self.capacity.n_batch,
             last=last,
+            decode_ctx=sum(r.prompt_len + r.decode_tokens_fed + 1 for r in decodes),
+            next_prefill_pos=head.num_computed if head is not None else 0,
         )
 
     def plan(self, budget: int | None) -> Plan:

@@ -159,3 +159,48 @@ def test_ctrl_c_keeps_finished_work_and_marks_the_run_interrupted(tmp_path):
     assert interrupted, "work in flight should be reported as failed: interrupted"
     assert summary["completed"] + summary["failed"] == len(requests)
     assert summary["accounting"]["not_arrived"] + len(requests) == 33
+
+
+def test_calibrate_a_real_run_then_simulate_and_compare_on_it(tmp_path):
+    real = tmp_path / "real"
+    assert run_cli("run", small_workload(tmp_path), "--out", real, "--policy", "static:32",
+                   "--no-progress", "--n-ctx", "2048").returncode == 0
+    res = run_cli("calibrate", real)
+    assert res.returncode == 0, res.stderr
+    assert "ms per prompt token" in res.stdout
+    model = json.loads((real / "cost_model.json").read_text())
+    assert model["cost_model"]["n_samples"] == json.loads((real / "summary.json").read_text())["iterations"]
+
+    sim = tmp_path / "sim"
+    res = run_cli("run", small_workload(tmp_path, chats=20, docs=6), "--backend", "sim",
+                  "--cost-model", real / "cost_model.json", "--policy", "cadence",
+                  "--out", sim, "--no-progress")
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((sim / "summary.json").read_text())
+    assert summary["simulated"] is True and summary["backend"]["name"] == "sim"
+    assert summary["completed"] == 26 and summary["accounting"]["reconciled"]
+
+    cmp = tmp_path / "cmp"
+    res = run_cli("compare", small_workload(tmp_path, chats=10, docs=3), "--backend", "sim",
+                  "--cost-model", real / "cost_model.json", "--policies",
+                  "static:32,ppas,dlfp,cadence", "--seeds", "3", "--out", cmp, "--no-progress")
+    assert res.returncode == 0, res.stderr
+    assert "SIMULATED" in res.stdout and "Against static:32" in res.stdout
+    report = json.loads((cmp / "comparison.json").read_text())
+    assert report["simulated"] and report["outputs_agree"] and report["reconciled"]
+    assert report["seeds"] == [7, 8, 9]
+    ratio = report["vs_baseline"]["static:32"]["cadence"]["fg P99 ITL ms"]
+    assert ratio["n"] == 3 and len(ratio["change_ci95"]) == 2
+
+
+def test_compare_on_the_real_model_checks_outputs_agree_across_policies(tmp_path):
+    out = tmp_path / "cmp"
+    res = run_cli("compare", small_workload(tmp_path, chats=3, docs=1), "--policies",
+                  "static:16,unlimited", "--seeds", "2", "--out", out, "--no-progress",
+                  "--n-ctx", "2048")
+    assert res.returncode == 0, res.stderr
+    assert "output tokens agree exactly across policies: yes" in res.stdout
+    report = json.loads((out / "comparison.json").read_text())
+    assert report["outputs_agree"] and report["reconciled"] and not report["simulated"]
+    assert report["calibration"]["source"] == "probe"
+    assert sorted(p.name for p in (out / "seed7").iterdir()) == ["static_16", "unlimited"]

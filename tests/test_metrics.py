@@ -38,6 +38,8 @@ def test_class_summary_by_hand():
     assert s["mean_tpot_ms"] == pytest.approx(1500.0)
     assert s["input_tokens"] == 150 and s["output_tokens"] == 4
     assert s["prefill_tok_s"] == pytest.approx(15.0) and s["output_tok_s"] == pytest.approx(0.4)
+    assert s["makespan_s"] == pytest.approx(4.0)  # first arrival 0.0 to last token 4.0
+    assert s["span_prefill_tok_s"] == pytest.approx(150 / 4.0)
 
 
 def test_a_class_with_no_completed_requests_reports_none_not_zero():

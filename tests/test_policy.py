@@ -25,7 +25,7 @@ def test_unlimited_has_no_cap():
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("sttic:64", "unknown policy 'sttic'; choose one of: static, unlimited"),
+        ("sttic:64", "unknown policy 'sttic'; choose one of: cadence, dlfp, ppas, static, unlimited"),
         ("static:abc", "tokens must be int, got 'abc'"),
         ("static:0", "tokens must be at least 1, got 0"),
         ("static:-5", "tokens must be at least 1, got -5"),

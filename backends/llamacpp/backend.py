@@ -129,8 +129,8 @@ class LlamaCppBackend(Backend):
         first token beside the decodes, alone, deep in its context: a different kernel, a
         different greedy output (see MIN_INVARIANT_CHUNK). The groups are the ubatches
         llama.cpp would have run otherwise, so the cost is the same."""
-        decodes = [w for w in work if len(w.tokens) == 1 and w.sample is not None]
-        chunks = [w for w in work if not (len(w.tokens) == 1 and w.sample is not None)]
+        decodes = [w for w in work if w.is_decode]
+        chunks = [w for w in work if not w.is_decode]
         groups = [g for g in (decodes, *([c] for c in chunks)) if g]
         self.batch.fill([w for g in groups for w in g])
         sampled: dict[int, int] = {}
@@ -182,6 +182,7 @@ class LlamaCppBackend(Backend):
             "n_batch": c.n_batch,
             "n_ubatch": c.ubatch,
             "n_seq_max": c.n_seq_max,
+            "min_chunk": self.capacity.min_chunk,
             "n_threads": self.n_threads,
             "kv_unified": c.kv_unified,
             "swa_full": False,

@@ -1,0 +1,81 @@
+"""Cadence: keep the foreground's inter-token latency under a target the user states.
+
+Each iteration it predicts, with a cost model of iteration time against composition (passes
+over the weights, decode tokens, prompt tokens, attention work), the largest prompt chunk
+that keeps the iteration, and so every foreground token, under `itl_ms`. The model is fitted
+online, by non-negative least squares, to the last `window` completed iterations together
+with the startup probe's iterations (which keep it well-posed before the run has varied
+chunk sizes). While no foreground decode is active the background gets the whole batch.
+
+Unlike DLFP it does not wait for a slow iteration to react: a chunk deep in a long document
+costs more attention work, and the model knows that before the chunk runs.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from edgeprefill.runtime.calibrate import DeviceProfile
+from edgeprefill.runtime.costmodel import CostModel
+from edgeprefill.runtime.plan import IterationTiming, SchedState
+from edgeprefill.runtime.policy import POLICIES, BudgetPolicy
+
+
+@POLICIES.register("cadence")
+@dataclass
+class CadencePolicy(BudgetPolicy):
+    name: ClassVar[str] = "cadence"
+    itl_ms: float | None = None  # None: the device profile's interactive target
+    window: int = 256
+    min_tokens: int | None = None  # floor while chatting, so documents still progress
+    _model: CostModel | None = field(default=None, init=False, repr=False)
+    _anchor: list[IterationTiming] = field(default_factory=list, init=False, repr=False)
+    _recent: deque[IterationTiming] = field(default_factory=deque, init=False, repr=False)
+    _last_budget: int | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.itl_ms is not None and self.itl_ms <= 0:
+            raise ValueError(f"itl_ms must be positive, got {self.itl_ms}")
+        if self.window < 8:
+            raise ValueError(f"window must be at least 8 iterations, got {self.window}")
+        if self.min_tokens is not None and self.min_tokens < 0:
+            raise ValueError(f"min_tokens must not be negative, got {self.min_tokens}")
+        self._recent = deque(maxlen=self.window)
+
+    def calibrate(self, profile: DeviceProfile) -> None:
+        if self.itl_ms is None:
+            self.itl_ms = profile.target_s * 1000
+        if self.min_tokens is None:
+            self.min_tokens = profile.min_chunk
+        self._model = profile.cost
+        self._anchor = list(profile.timings)
+
+    def budget(self, state: SchedState) -> int | None:
+        if state.n_decode_foreground == 0:
+            self._last_budget = None
+            return None
+        model = self._need(self._model, "cost model (device calibration)")
+        target = self._need(self.itl_ms, "itl_ms") / 1000
+        c = model.max_prefill(target, state.n_decode, state.decode_ctx, state.next_prefill_pos)
+        self._last_budget = max(c, self.min_tokens or 0)
+        return self._last_budget
+
+    def observe(self, timing: IterationTiming) -> None:
+        self._recent.append(timing)
+        if len(self._recent) >= 8:
+            self._model = CostModel.fit([*self._anchor, *self._recent])
+
+    def params(self) -> dict[str, Any]:
+        return {"itl_ms": self.itl_ms, "window": self.window, "min_tokens": self.min_tokens}
+
+    def snapshot(self) -> dict[str, Any]:
+        m = self._model
+        return {
+            "budget": self._last_budget,
+            "model_ms": None if m is None else {
+                "pass": m.per_pass_s * 1e3, "decode": m.per_decode_s * 1e3,
+                "prefill": m.per_prefill_s * 1e3, "kctx": m.per_kctx_s * 1e3,
+            },
+        }

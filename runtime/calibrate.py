@@ -1,0 +1,160 @@
+"""Device-aware defaults: a few probe iterations at startup, or a finished run's records.
+
+The papers' budgets were tuned for GPUs (16k/2k tokens, an 80 ms target); on a laptop CPU a
+512-token chunk beside a decode takes over a second. Policies therefore take their defaults
+from a `DeviceProfile` measured on the device they run on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeprefill.backends.base import Backend
+from edgeprefill.runtime.costmodel import CostModel
+from edgeprefill.runtime.errors import UserError
+from edgeprefill.runtime.plan import IterationTiming
+from edgeprefill.runtime.prompts import PromptBuilder
+from edgeprefill.runtime.request import SamplingParams
+from edgeprefill.runtime.scheduler import SeqWork
+
+# A chat reads comfortably at 10 tokens/s or faster; on a device whose decode step alone is
+# slower than a quarter of that, the target follows the device instead.
+READING_TARGET_S = 0.100
+TARGET_DECODE_MULTIPLE = 4.0
+# The context a chunk is sized for when no scheduler state is at hand (P-PAS's cap, DLFP's
+# initial chunk): a chunk 2k tokens into a document, beside one decode with 512 cells.
+TYPICAL_START_POS = 2048
+TYPICAL_DECODE_CTX = 512
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    cost: CostModel
+    decode_s: float  # one decode step alone
+    target_s: float  # interactive inter-token target derived from decode_s
+    n_batch: int
+    min_chunk: int
+    source: str  # "probe" or the run folder it was fitted from
+    timings: list[IterationTiming] = field(default_factory=list, repr=False)
+
+    def chunk_for(self, target_s: float | None = None) -> int:
+        """The prompt chunk predicted to keep one decode's iteration at the target."""
+        c = self.cost.max_prefill(target_s or self.target_s, 1, TYPICAL_DECODE_CTX,
+                                  TYPICAL_START_POS)
+        return int(min(max(c, self.min_chunk), self.n_batch))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "decode_ms": self.decode_s * 1000,
+            "target_ms": self.target_s * 1000,
+            "chunk_at_target": self.chunk_for(),
+            "cost_model": self.cost.to_dict(),
+        }
+
+
+def _target(decode_s: float) -> float:
+    return max(READING_TARGET_S, TARGET_DECODE_MULTIPLE * decode_s)
+
+
+def _timing(duration: float, work: list[SeqWork]) -> IterationTiming:
+    decodes = [w for w in work if w.is_decode]
+    return IterationTiming(
+        duration_s=duration,
+        n_decode=len(decodes),
+        n_prefill=sum(len(w.tokens) for w in work if not w.is_decode),
+        n_chunks=sum(not w.is_decode for w in work),
+        ctx_work=sum(w.ctx_work for w in work),
+    )
+
+
+def probe_device(backend: Backend, seed: int = 0) -> DeviceProfile:
+    """Time decode steps alone, decodes beside prompt chunks of several sizes, and chunks
+    deep in a context, then fit the cost model (about 5 s on a 2-core CPU)."""
+    cap = backend.capacity
+    if cap.n_ctx_seq < 128 or cap.n_batch < 32:
+        raise UserError(
+            f"a context of {cap.n_ctx_seq} cells and a batch of {cap.n_batch} tokens are too "
+            "small to probe the device; pass --calibration none or a cost-model file"
+        )
+    tokens = PromptBuilder(backend.tokenizer).synthetic(1600, np.random.default_rng(seed))
+    greedy = SamplingParams()
+    timings: list[IterationTiming] = []
+    decode_times: list[float] = []
+
+    def run(work: list[SeqWork]) -> float:
+        result = backend.execute(work)
+        timings.append(_timing(result.duration_s, work))
+        return result.duration_s
+
+    chat, doc = 0, min(1, cap.n_seq_max - 1)
+    try:
+        run([SeqWork(chat, tokens[:32], 0, greedy)])
+        pos_chat, pos_doc = 32, 0
+        for _ in range(6):
+            decode_times.append(run([SeqWork(chat, [tokens[pos_chat]], pos_chat, greedy)]))
+            pos_chat += 1
+        if doc == chat:  # a single-sequence device: no mixed iterations to probe
+            pos_doc = pos_chat
+        for c in (16, 64, 128, 256, 512, 64, 16):
+            c = min(c, cap.n_batch - 1, cap.max_chunk or c, cap.n_ctx_seq - 64 - pos_doc)
+            if c < 1:
+                break
+            work = [SeqWork(doc, tokens[pos_doc : pos_doc + c], pos_doc, None)]
+            if doc != chat:
+                work.insert(0, SeqWork(chat, [tokens[pos_chat]], pos_chat, greedy))
+                pos_chat += 1
+            run(work)
+            pos_doc += c
+    finally:
+        backend.release(chat)
+        if doc != chat:
+            backend.release(doc)
+    decode_s = float(np.median(decode_times))
+    return DeviceProfile(CostModel.fit(timings), decode_s, _target(decode_s), cap.n_batch,
+                         cap.min_chunk, "probe", timings)
+
+
+def profile_from_run(run_dir: Path) -> DeviceProfile:
+    """Fit the cost model to a finished run's iterations.jsonl (`edgeprefill calibrate`)."""
+    path = run_dir / "iterations.jsonl"
+    try:
+        lines = path.read_text().splitlines()
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except FileNotFoundError as e:
+        raise UserError(f"{e.filename} not found: pass a folder written by `edgeprefill run`")
+    fields = IterationTiming.__dataclass_fields__
+    timings = []
+    for line in lines:
+        rec = json.loads(line)
+        if rec.get("error") is None:
+            timings.append(IterationTiming(**{k: rec[k] for k in fields if k in rec}))
+    try:
+        cost = CostModel.fit(timings)
+    except ValueError as e:
+        raise UserError(f"{path}: {e}") from None
+    alone = [t.duration_s for t in timings if t.n_prefill == 0 and t.n_decode == 1]
+    decode_s = float(np.median(alone)) if alone else cost.predict(1, 0, 0, TYPICAL_DECODE_CTX)
+    backend = summary.get("backend", {})
+    return DeviceProfile(cost, decode_s, _target(decode_s), backend.get("n_batch", 2048),
+                         backend.get("min_chunk", 1), str(run_dir), timings)
+
+
+def save_profile(profile: DeviceProfile, path: Path) -> None:
+    path.write_text(json.dumps({**profile.describe(), "n_batch": profile.n_batch,
+                                "min_chunk": profile.min_chunk,
+                                "decode_s": profile.decode_s}, indent=2) + "\n")
+
+
+def load_profile(path: Path) -> DeviceProfile:
+    try:
+        d = json.loads(path.read_text())
+        return DeviceProfile(CostModel.from_dict(d["cost_model"]), d["decode_s"],
+                             _target(d["decode_s"]), d["n_batch"], d["min_chunk"], str(path))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{path} is not a cost model written by `edgeprefill calibrate`: {e}")

@@ -1,0 +1,82 @@
+"""Iteration time as a function of what the iteration holds.
+
+    t = per_pass * passes + per_decode * n_decode + per_prefill * n_prefill
+        + per_kctx * ctx_work / 1000
+
+`passes` counts the groups a backend runs (on llama.cpp: one for all decodes plus one per
+prompt chunk, each streaming the weights once); `ctx_work` is the attention work (KV cells
+attended, summed over tokens). Fitted by non-negative least squares from completed
+iterations: at startup from a short probe, online inside the cadence policy, and offline
+from a run's iterations.jsonl for the simulated backend.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from scipy.optimize import nnls
+
+from edgeprefill.runtime.plan import IterationTiming
+
+
+def passes(n_decode: int, n_chunks: int) -> int:
+    return (1 if n_decode else 0) + n_chunks
+
+
+def features(t: IterationTiming) -> list[float]:
+    return [passes(t.n_decode, t.n_chunks), t.n_decode, t.n_prefill, t.ctx_work / 1000.0]
+
+
+@dataclass(frozen=True)
+class CostModel:
+    per_pass_s: float
+    per_decode_s: float
+    per_prefill_s: float
+    per_kctx_s: float
+    n_samples: int = 0
+    rmse_s: float | None = None
+
+    def predict(self, n_decode: int, n_prefill: int, n_chunks: int, ctx_work: int) -> float:
+        return (
+            self.per_pass_s * passes(n_decode, n_chunks)
+            + self.per_decode_s * n_decode
+            + self.per_prefill_s * n_prefill
+            + self.per_kctx_s * ctx_work / 1000.0
+        )
+
+    def max_prefill(self, target_s: float, n_decode: int, decode_ctx: int, start_pos: int) -> int:
+        """The most prompt tokens one chunk starting at `start_pos` may hold, beside
+        `n_decode` decodes attending to `decode_ctx` cells, for the iteration to be predicted
+        at or under `target_s`. 0 when even the decodes alone are predicted over it."""
+        base = self.predict(n_decode, 0, 1, decode_ctx)  # the chunk's pass included
+        if base >= target_s:
+            return 0
+        # per_kctx/1000 * (c*start + c(c+1)/2) + per_prefill * c <= target - base
+        a = self.per_kctx_s / 2000.0
+        b = self.per_prefill_s + self.per_kctx_s * (start_pos + 0.5) / 1000.0
+        room = target_s - base
+        if a <= 0:
+            return int(room / b) if b > 0 else 1 << 30
+        return int((-b + math.sqrt(b * b + 4 * a * room)) / (2 * a))
+
+    @classmethod
+    def fit(cls, timings: Iterable[IterationTiming]) -> CostModel:
+        rows = [(features(t), t.duration_s) for t in timings]
+        if len(rows) < 4:
+            raise ValueError(f"need at least 4 iterations to fit a cost model, got {len(rows)}")
+        x = np.array([r[0] for r in rows])
+        y = np.array([r[1] for r in rows])
+        coef, _ = nnls(x, y)
+        rmse = float(np.sqrt(np.mean((x @ coef - y) ** 2)))
+        return cls(*map(float, coef), n_samples=len(rows), rmse_s=rmse)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CostModel:
+        return cls(**d)

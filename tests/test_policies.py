@@ -1,0 +1,148 @@
+"""The budget policies, on scripted states and on the simulated backend."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgeprefill.backends.sim import SimBackend
+from edgeprefill.runtime.cadence import CadencePolicy
+from edgeprefill.runtime.calibrate import DeviceProfile
+from edgeprefill.runtime.costmodel import CostModel
+from edgeprefill.runtime.dlfp import DLFPPolicy
+from edgeprefill.runtime.engine import Engine
+from edgeprefill.runtime.plan import IterationTiming, SchedState
+from edgeprefill.runtime.policy import parse_policy
+from edgeprefill.runtime.ppas import PPASPolicy
+from edgeprefill.runtime.request import Request
+from edgeprefill.runtime.scheduler import Capacity
+from tests.conftest import drain
+
+# A CPU-like device: 20 ms per pass over the weights, 3 ms per prompt token, attention
+# 1 ms per 1000 cells attended.
+COST = CostModel(per_pass_s=0.020, per_decode_s=0.002, per_prefill_s=0.003, per_kctx_s=0.001)
+CAP = Capacity(n_batch=2048, n_ctx=8 * 16384, n_seq_max=8, n_ctx_seq=16384, min_chunk=8,
+               max_chunk=2048)
+
+
+def state(n_p_run=0, n_p_wait=0, n_d=0, n_d_fg=0, decode_ctx=0, pos=0) -> SchedState:
+    return SchedState(n_p_run, n_p_wait, n_d, n_d_fg, 2048, None, decode_ctx, pos)
+
+
+def timing(duration, n_decode=1, n_prefill=64) -> IterationTiming:
+    return IterationTiming(duration, n_decode, n_prefill, n_chunks=1 if n_prefill else 0)
+
+
+def profile(cost: CostModel = COST) -> DeviceProfile:
+    return DeviceProfile(cost, decode_s=0.024, target_s=0.1, n_batch=2048, min_chunk=8,
+                         source="test")
+
+
+def requests(chats=2, docs=2, chat_out=200, doc_len=4000):
+    rng = np.random.default_rng(0)
+    out = [Request(f"chat{i}", "foreground", 0.0, [1, *rng.integers(10, 999, 200).tolist()],
+                   chat_out, ignore_eos=True) for i in range(chats)]
+    out += [Request(f"doc{i}", "background", 0.0, [1, *rng.integers(10, 999, doc_len).tolist()],
+                    16, ignore_eos=True) for i in range(docs)]
+    return out
+
+
+# --- P-PAS ------------------------------------------------------------------------------
+def test_ppas_caps_exactly_from_nth_competing_prefills_while_decoding():
+    p = PPASPolicy(nth=3, bmax=512, bcap=32)
+    assert p.budget(state(n_p_run=1, n_p_wait=1, n_d=2)) == 512  # 2 < nth
+    assert p.budget(state(n_p_run=1, n_p_wait=2, n_d=2)) == 32  # 3 = nth: capped
+    assert p.budget(state(n_p_run=0, n_p_wait=5, n_d=1)) == 32  # waiting ones count too
+    assert p.budget(state(n_p_run=2, n_p_wait=2, n_d=0)) == 512  # no decode: no cap
+    assert PPASPolicy(nth=2, bcap=16).budget(state(n_p_run=1, n_d=1)) is None  # bmax=None
+
+
+def test_ppas_cap_defaults_from_the_device_not_from_gpu_constants():
+    p = PPASPolicy()
+    with pytest.raises(ValueError, match="ppas has no bcap"):
+        p.budget(state(n_p_run=2, n_d=1))
+    p.calibrate(profile())
+    # 100 ms at 2k tokens deep beside one decode: (100 - 2*20 - 2 - 0.5) / (3 + 2.05) ms
+    assert p.bcap == profile().chunk_for() and 8 <= p.bcap <= 16
+
+
+def test_ppas_on_the_simulated_backend_caps_only_under_pressure():
+    p = PPASPolicy(nth=2, bmax=1024, bcap=32)
+    engine = Engine(SimBackend(COST, CAP), p)
+    iterations = drain(engine, requests(chats=1, docs=3))
+    for it in iterations:
+        if it.policy_state["capped"]:
+            assert it.plan.n_prefill <= 32
+    assert any(it.policy_state["capped"] for it in iterations)
+    assert any(it.plan.n_prefill > 32 for it in iterations)  # pressure gone: back to bmax
+
+
+# --- DLFP -------------------------------------------------------------------------------
+def test_dlfp_shrinks_after_a_slow_iteration_and_grows_after_a_fast_one():
+    p = DLFPPolicy(target_ms=100, c_initial=64, c_min=8, c_max=256, quantum=8)
+    assert p.budget(state(n_p_run=1, n_d=1)) == 64
+    p.observe(timing(0.200))  # twice the target: half the chunk
+    assert p.budget(state(n_p_run=1, n_d=1)) == 32
+    p.observe(timing(0.030))  # 32 * 100/30 = 106.7 -> floor to 8s: 104
+    assert p.budget(state(n_p_run=1, n_d=1)) == 104
+    p.observe(timing(0.010))  # 1040 -> clamped to c_max
+    assert p.budget(state(n_p_run=1, n_d=1)) == 256
+    p.observe(timing(5.0))  # clamped to c_min
+    assert p.budget(state(n_p_run=1, n_d=1)) == 8
+
+
+def test_dlfp_ignores_unguarded_cycles_resets_without_decodes_and_never_caps_isolated_prefill():
+    p = DLFPPolicy(target_ms=100, c_initial=64, c_min=8, c_max=256, quantum=8)
+    p.budget(state(n_p_run=1, n_d=1))
+    p.observe(timing(0.5, n_decode=1, n_prefill=0))  # decode only: not guarded
+    p.observe(timing(0.5, n_decode=0, n_prefill=64))  # prefill only: not guarded
+    assert p.budget(state(n_p_run=1, n_d=1)) == 64
+    p.observe(timing(0.2))
+    assert p.budget(state(n_p_run=1, n_d=1)) == 32
+    assert p.budget(state(n_p_run=1, n_d=0)) is None  # isolated prefill: unrestricted
+    assert p.budget(state(n_p_run=1, n_d=1)) == 64  # and the cap was reset
+
+
+def test_dlfp_defaults_come_from_the_device_profile():
+    p = DLFPPolicy()
+    p.calibrate(profile())
+    assert p.target_ms == pytest.approx(100)
+    assert p.c_initial == profile().chunk_for(0.1)
+    assert p.quantum == max(8, p.c_initial // 4) and p.c_min == p.quantum and p.c_max == 2048
+
+
+# --- cadence ----------------------------------------------------------------------------
+def test_cadence_gives_background_everything_when_no_foreground_decodes():
+    p = CadencePolicy(itl_ms=150)
+    p.calibrate(profile())
+    assert p.budget(state(n_p_run=1, n_d=2, n_d_fg=0)) is None
+    assert p.budget(state(n_p_run=1, n_d=2, n_d_fg=1, decode_ctx=500, pos=3000)) > 0
+
+
+def test_cadence_budget_shrinks_deeper_into_a_document():
+    p = CadencePolicy(itl_ms=150)
+    p.calibrate(profile())
+    shallow = p.budget(state(n_p_run=1, n_d=1, n_d_fg=1, decode_ctx=300, pos=0))
+    deep = p.budget(state(n_p_run=1, n_d=1, n_d_fg=1, decode_ctx=300, pos=8000))
+    assert shallow > deep >= 8
+
+
+def test_cadence_converges_to_the_target_on_a_known_cost_model():
+    # The policy starts from a wrong model (everything half as expensive) and must learn
+    # the device's from completed iterations.
+    wrong = CostModel(0.010, 0.001, 0.0015, 0.0005)
+    p = CadencePolicy(itl_ms=150)
+    p.calibrate(profile(wrong))
+    iterations = drain(Engine(SimBackend(COST, CAP), p), requests(chats=2, docs=2))
+    mixed = [it for it in iterations if it.timing.n_decode_foreground and it.plan.n_prefill]
+    assert len(mixed) > 60
+    settled = [it.timing.duration_s for it in mixed[20:]]
+    assert max(settled) <= 0.150 * 1.01
+    assert np.mean(settled) >= 0.150 * 0.85  # and it uses the room it has
+    learned = p._model
+    assert learned.per_prefill_s == pytest.approx(COST.per_prefill_s, rel=0.05)
+
+
+def test_every_policy_parses_from_the_command_line():
+    for spec in ("ppas:nth=2,bmax=4096,bcap=64", "dlfp:target_ms=80,quantum=16", "cadence:itl_ms=120"):
+        assert parse_policy(spec).name == spec.split(":")[0]
