@@ -23,6 +23,7 @@ run: setup
 	$(BIN)/edgeprefill run --backend llamacpp $(WORKLOAD) --policy $(POLICY) $(RUN_ARGS)
 
 test: setup
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
 clean:

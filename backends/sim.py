@@ -44,7 +44,9 @@ class SimTokenizer:
 
     def encode(self, text: str, *, add_bos: bool, special: bool) -> list[int]:
         span = self.vocab_size - FIRST_NORMAL
-        ids = [FIRST_NORMAL + zlib.crc32(w.encode()) % span for w in re.findall(r"\w+|[^\w\s]", text)]
+        ids = [
+            FIRST_NORMAL + zlib.crc32(w.encode()) % span for w in re.findall(r"\w+|[^\w\s]", text)
+        ]
         return ([BOS] if add_bos else []) + ids
 
     def chat_parts(self, system: str | None) -> tuple[str, str]:
@@ -60,8 +62,15 @@ class SimTokenizer:
 class SimBackend(Backend):
     name = "sim"
 
-    def __init__(self, cost: CostModel, capacity: Capacity, *, noise: float = 0.0,
-                 seed: int = 0, clock: SimClock | None = None) -> None:
+    def __init__(
+        self,
+        cost: CostModel,
+        capacity: Capacity,
+        *,
+        noise: float = 0.0,
+        seed: int = 0,
+        clock: SimClock | None = None,
+    ) -> None:
         if noise < 0:
             raise ValueError(f"noise must not be negative, got {noise}")
         self.cost = cost
@@ -84,7 +93,8 @@ class SimBackend(Backend):
         self.clock.sleep(duration)
         span = self.tokenizer.vocab_size - FIRST_NORMAL
         sampled = {
-            w.seq_id: FIRST_NORMAL + zlib.crc32(f"{w.tokens[-1]}@{w.pos + len(w.tokens)}".encode()) % span
+            w.seq_id: FIRST_NORMAL
+            + zlib.crc32(f"{w.tokens[-1]}@{w.pos + len(w.tokens)}".encode()) % span
             for w in work
             if w.sample is not None
         }

@@ -74,8 +74,12 @@ class CadencePolicy(BudgetPolicy):
         m = self._model
         return {
             "budget": self._last_budget,
-            "model_ms": None if m is None else {
-                "pass": m.per_pass_s * 1e3, "decode": m.per_decode_s * 1e3,
-                "prefill": m.per_prefill_s * 1e3, "kctx": m.per_kctx_s * 1e3,
+            "model_ms": None
+            if m is None
+            else {
+                "pass": m.per_pass_s * 1e3,
+                "decode": m.per_decode_s * 1e3,
+                "prefill": m.per_prefill_s * 1e3,
+                "kctx": m.per_kctx_s * 1e3,
             },
         }

@@ -44,8 +44,9 @@ class DeviceProfile:
 
     def chunk_for(self, target_s: float | None = None) -> int:
         """The prompt chunk predicted to keep one decode's iteration at the target."""
-        c = self.cost.max_prefill(target_s or self.target_s, 1, TYPICAL_DECODE_CTX,
-                                  TYPICAL_START_POS)
+        c = self.cost.max_prefill(
+            target_s or self.target_s, 1, TYPICAL_DECODE_CTX, TYPICAL_START_POS
+        )
         return int(min(max(c, self.min_chunk), self.n_batch))
 
     def describe(self) -> dict[str, Any]:
@@ -116,8 +117,15 @@ def probe_device(backend: Backend, seed: int = 0) -> DeviceProfile:
         if doc != chat:
             backend.release(doc)
     decode_s = float(np.median(decode_times))
-    return DeviceProfile(CostModel.fit(timings), decode_s, _target(decode_s), cap.n_batch,
-                         cap.min_chunk, "probe", timings)
+    return DeviceProfile(
+        CostModel.fit(timings),
+        decode_s,
+        _target(decode_s),
+        cap.n_batch,
+        cap.min_chunk,
+        "probe",
+        timings,
+    )
 
 
 def profile_from_run(run_dir: Path) -> DeviceProfile:
@@ -127,7 +135,9 @@ def profile_from_run(run_dir: Path) -> DeviceProfile:
         lines = path.read_text().splitlines()
         summary = json.loads((run_dir / "summary.json").read_text())
     except FileNotFoundError as e:
-        raise UserError(f"{e.filename} not found: pass a folder written by `edgeprefill run`")
+        raise UserError(
+            f"{e.filename} not found: pass a folder written by `edgeprefill run`"
+        ) from None
     fields = IterationTiming.__dataclass_fields__
     timings = []
     for line in lines:
@@ -141,20 +151,44 @@ def profile_from_run(run_dir: Path) -> DeviceProfile:
     alone = [t.duration_s for t in timings if t.n_prefill == 0 and t.n_decode == 1]
     decode_s = float(np.median(alone)) if alone else cost.predict(1, 0, 0, TYPICAL_DECODE_CTX)
     backend = summary.get("backend", {})
-    return DeviceProfile(cost, decode_s, _target(decode_s), backend.get("n_batch", 2048),
-                         backend.get("min_chunk", 1), str(run_dir), timings)
+    return DeviceProfile(
+        cost,
+        decode_s,
+        _target(decode_s),
+        backend.get("n_batch", 2048),
+        backend.get("min_chunk", 1),
+        str(run_dir),
+        timings,
+    )
 
 
 def save_profile(profile: DeviceProfile, path: Path) -> None:
-    path.write_text(json.dumps({**profile.describe(), "n_batch": profile.n_batch,
-                                "min_chunk": profile.min_chunk,
-                                "decode_s": profile.decode_s}, indent=2) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                **profile.describe(),
+                "n_batch": profile.n_batch,
+                "min_chunk": profile.min_chunk,
+                "decode_s": profile.decode_s,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 def load_profile(path: Path) -> DeviceProfile:
     try:
         d = json.loads(path.read_text())
-        return DeviceProfile(CostModel.from_dict(d["cost_model"]), d["decode_s"],
-                             _target(d["decode_s"]), d["n_batch"], d["min_chunk"], str(path))
+        return DeviceProfile(
+            CostModel.from_dict(d["cost_model"]),
+            d["decode_s"],
+            _target(d["decode_s"]),
+            d["n_batch"],
+            d["min_chunk"],
+            str(path),
+        )
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserError(f"{path} is not a cost model written by `edgeprefill calibrate`: {e}")
+        raise UserError(
+            f"{path} is not a cost model written by `edgeprefill calibrate`: {e}"
+        ) from None

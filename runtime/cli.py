@@ -9,7 +9,7 @@ import functools
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,31 +26,76 @@ def cli() -> None:
 def device_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """The backend and device options `run` and `compare` share."""
     options = [
-        click.option("--backend", type=click.Choice(["llamacpp", "sim"]), default="llamacpp",
-                     show_default=True, help="sim: the simulated backend (needs --cost-model)"),
-        click.option("--model", type=click.Path(path_type=Path), default=None,
-                     help="GGUF file [default: the bundled Gemma 3 270M Q4_K_M]"),
-        click.option("--cost-model", type=click.Path(path_type=Path), default=None,
-                     help="the simulated backend's cost model (from `edgeprefill calibrate`)"),
-        click.option("--calibration", default="probe", show_default=True,
-                     help="device profile for policy defaults: probe (a few iterations at "
-                          "startup), none, or a cost-model file"),
-        click.option("--n-ctx", type=int, default=16384, show_default=True,
-                     help="KV cells per sequence (the longest prompt + output)"),
-        click.option("--kv-unified/--no-kv-unified", default=False, show_default=True,
-                     help="one KV pool of --n-ctx cells shared by all sequences"),
-        click.option("--n-batch", type=int, default=2048, show_default=True,
-                     help="most tokens in one iteration"),
-        click.option("--n-ubatch", type=int, default=None,
-                     help="most tokens llama.cpp computes in one graph [default: --n-batch]"),
-        click.option("--n-seq-max", type=int, default=8, show_default=True,
-                     help="sequences decoded together"),
-        click.option("--max-background", type=int, default=None,
-                     help="sequences background work may hold [default: half of --n-seq-max]"),
-        click.option("--foreground-kv", type=int, default=None,
-                     help="KV cells background work must leave free [default: --n-ctx / 8]"),
-        click.option("--threads", type=int, default=0,
-                     help="CPU threads [default: physical cores]"),
+        click.option(
+            "--backend",
+            type=click.Choice(["llamacpp", "sim"]),
+            default="llamacpp",
+            show_default=True,
+            help="sim: the simulated backend (needs --cost-model)",
+        ),
+        click.option(
+            "--model",
+            type=click.Path(path_type=Path),
+            default=None,
+            help="GGUF file [default: the bundled Gemma 3 270M Q4_K_M]",
+        ),
+        click.option(
+            "--cost-model",
+            type=click.Path(path_type=Path),
+            default=None,
+            help="the simulated backend's cost model (from `edgeprefill calibrate`)",
+        ),
+        click.option(
+            "--calibration",
+            default="probe",
+            show_default=True,
+            help="device profile for policy defaults: probe (a few iterations at "
+            "startup), none, or a cost-model file",
+        ),
+        click.option(
+            "--n-ctx",
+            type=int,
+            default=16384,
+            show_default=True,
+            help="KV cells per sequence (the longest prompt + output)",
+        ),
+        click.option(
+            "--kv-unified/--no-kv-unified",
+            default=False,
+            show_default=True,
+            help="one KV pool of --n-ctx cells shared by all sequences",
+        ),
+        click.option(
+            "--n-batch",
+            type=int,
+            default=2048,
+            show_default=True,
+            help="most tokens in one iteration",
+        ),
+        click.option(
+            "--n-ubatch",
+            type=int,
+            default=None,
+            help="most tokens llama.cpp computes in one graph [default: --n-batch]",
+        ),
+        click.option(
+            "--n-seq-max", type=int, default=8, show_default=True, help="sequences decoded together"
+        ),
+        click.option(
+            "--max-background",
+            type=int,
+            default=None,
+            help="sequences background work may hold [default: half of --n-seq-max]",
+        ),
+        click.option(
+            "--foreground-kv",
+            type=int,
+            default=None,
+            help="KV cells background work must leave free [default: --n-ctx / 8]",
+        ),
+        click.option(
+            "--threads", type=int, default=0, help="CPU threads [default: physical cores]"
+        ),
         click.option("--progress/--no-progress", default=True, show_default=True),
     ]
     return functools.reduce(lambda g, opt: opt(g), reversed(options), f)
@@ -66,13 +111,21 @@ def open_device(o: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
         from edgeprefill.runtime.scheduler import Capacity
 
         if o["cost_model"] is None:
-            raise UserError("--backend sim needs --cost-model FILE (write one with "
-                            "`edgeprefill calibrate RUN_DIR`)")
+            raise UserError(
+                "--backend sim needs --cost-model FILE (write one with "
+                "`edgeprefill calibrate RUN_DIR`)"
+            )
         profile = load_profile(o["cost_model"])
         n_ctx = o["n_ctx"] * (1 if o["kv_unified"] else o["n_seq_max"])
         try:
-            capacity = Capacity(o["n_batch"], n_ctx, o["n_seq_max"], o["n_ctx"],
-                                profile.min_chunk, o["n_ubatch"] or o["n_batch"])
+            capacity = Capacity(
+                o["n_batch"],
+                n_ctx,
+                o["n_seq_max"],
+                o["n_ctx"],
+                profile.min_chunk,
+                o["n_ubatch"] or o["n_batch"],
+            )
         except ValueError as e:
             raise UserError(str(e)) from None
         yield (lambda: SimBackend(profile.cost, capacity)), profile
@@ -83,8 +136,12 @@ def open_device(o: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
 
     config = LlamaCppConfig(
         model=o["model"] if o["model"] is not None else default_model_path(),
-        n_ctx=o["n_ctx"], n_batch=o["n_batch"], n_ubatch=o["n_ubatch"],
-        n_seq_max=o["n_seq_max"], n_threads=o["threads"], kv_unified=o["kv_unified"],
+        n_ctx=o["n_ctx"],
+        n_batch=o["n_batch"],
+        n_ubatch=o["n_ubatch"],
+        n_seq_max=o["n_seq_max"],
+        n_threads=o["threads"],
+        kv_unified=o["kv_unified"],
     )
     with LlamaCppBackend(config) as be:
         calibration = o["calibration"]
@@ -105,15 +162,23 @@ def _limits(o: dict[str, Any]) -> Any:
 
 @cli.command()
 @click.argument("workload", type=click.Path(path_type=Path))
-@click.option("--policy", "policy_spec", default="static:64", show_default=True,
-              help="prefill budget policy: static:N, unlimited, ppas[:nth=,bmax=,bcap=], "
-                   "dlfp[:target_ms=,...], cadence[:itl_ms=]")
-@click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="results folder [default: results/WORKLOAD-POLICY-TIME]")
+@click.option(
+    "--policy",
+    "policy_spec",
+    default="static:64",
+    show_default=True,
+    help="prefill budget policy: static:N, unlimited, ppas[:nth=,bmax=,bcap=], "
+    "dlfp[:target_ms=,...], cadence[:itl_ms=]",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="results folder [default: results/WORKLOAD-POLICY-TIME]",
+)
 @click.option("--seed", type=int, default=None, help="override the workload's seed")
 @device_options
-def run(workload: Path, policy_spec: str, out: Path | None, seed: int | None,
-        **o: Any) -> None:
+def run(workload: Path, policy_spec: str, out: Path | None, seed: int | None, **o: Any) -> None:
     """Run WORKLOAD (a YAML file) and write summary.json, requests.jsonl, iterations.jsonl."""
     from edgeprefill.runtime.console import format_summary
     from edgeprefill.runtime.policy import parse_policy
@@ -123,11 +188,20 @@ def run(workload: Path, policy_spec: str, out: Path | None, seed: int | None,
     spec = load_workload(workload)
     parse_policy(policy_spec)  # a bad spec fails before the model loads
     if out is None:
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
         out = Path("results") / f"{spec.name}-{policy_spec.replace(':', '_')}-{stamp}"
     with open_device(o) as (make_backend, profile):
-        result = run_workload(spec, workload, make_backend(), policy_spec, out, profile=profile,
-                              seed=seed, limits=_limits(o), progress=o["progress"])
+        result = run_workload(
+            spec,
+            workload,
+            make_backend(),
+            policy_spec,
+            out,
+            profile=profile,
+            seed=seed,
+            limits=_limits(o),
+            progress=o["progress"],
+        )
     click.echo(format_summary(result.summary))
     click.echo(f"results: {out}")
     if result.outcome.interrupted:
@@ -137,8 +211,12 @@ def run(workload: Path, policy_spec: str, out: Path | None, seed: int | None,
 
 @cli.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="cost-model file [default: RUN_DIR/cost_model.json]")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="cost-model file [default: RUN_DIR/cost_model.json]",
+)
 def calibrate(run_dir: Path, out: Path | None) -> None:
     """Fit the iteration cost model to RUN_DIR's iterations.jsonl, for the simulated
     backend (`--backend sim --cost-model FILE`) or as a run's `--calibration FILE`."""
@@ -160,73 +238,139 @@ def calibrate(run_dir: Path, out: Path | None) -> None:
 
 @cli.command()
 @click.argument("workload", type=click.Path(path_type=Path))
-@click.option("--policies", default="static:64,ppas,dlfp,cadence", show_default=True,
-              help="comma-separated policy specs")
-@click.option("--baselines", default=None,
-              help="policies to take ratios against [default: every static/ppas/dlfp given]")
-@click.option("--seeds", type=click.IntRange(min=1), default=3, show_default=True,
-              help="paired trials: the workload's seed, seed+1, ...")
-@click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="folder for every run and comparison.json [default: results/compare-TIME]")
+@click.option(
+    "--policies",
+    default="static:64,ppas,dlfp,cadence",
+    show_default=True,
+    help="comma-separated policy specs",
+)
+@click.option(
+    "--baselines",
+    default=None,
+    help="policies to take ratios against [default: every static/ppas/dlfp given]",
+)
+@click.option(
+    "--seeds",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="paired trials: the workload's seed, seed+1, ...",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="folder for every run and comparison.json [default: results/compare-TIME]",
+)
 @device_options
-def compare(workload: Path, policies: str, baselines: str | None, seeds: int, out: Path | None,
-            **o: Any) -> None:
+def compare(
+    workload: Path, policies: str, baselines: str | None, seeds: int, out: Path | None, **o: Any
+) -> None:
     """Run every policy on the same arrivals and prompts for each seed and compare them."""
     import json
 
-    from edgeprefill.runtime.compare import build_report, format_report, outputs_agree
-    from edgeprefill.runtime.policy import parse_policy
-    from edgeprefill.runtime.session import run_workload
+    from edgeprefill.runtime.compare import format_report, run_comparison
     from edgeprefill.runtime.workload import load_workload
 
     spec = load_workload(workload)
+    names, bases = _policy_lists(policies, baselines)
+    if out is None:
+        out = Path("results") / f"compare-{datetime.now(UTC):%Y%m%d-%H%M%S}"
+    with open_device(o) as (make_backend, profile):
+        report, checks = run_comparison(
+            spec,
+            workload,
+            names,
+            bases,
+            seeds,
+            make_backend,
+            profile,
+            out,
+            limits=_limits(o),
+            progress=o["progress"],
+            simulated=o["backend"] == "sim",
+        )
+    (out / "comparison.json").write_text(json.dumps(report, indent=2) + "\n")
+    click.echo(format_report(report, checks))
+    click.echo(f"comparison: {out / 'comparison.json'}")
+
+
+@cli.command()
+@click.argument("workload", type=click.Path(path_type=Path))
+@click.option(
+    "--burst-rates",
+    default="0.5,1.5",
+    show_default=True,
+    help="comma-separated rates (req/s) for every burst phase",
+)
+@click.option("--policies", default="unlimited,static:256,ppas,cadence", show_default=True)
+@click.option("--baselines", default=None, help="[default: every static/unlimited/ppas/dlfp]")
+@click.option("--seeds", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--out", type=click.Path(path_type=Path), default=None, help="[default: results/sweep-TIME]"
+)
+@device_options
+def sweep(
+    workload: Path,
+    burst_rates: str,
+    policies: str,
+    baselines: str | None,
+    seeds: int,
+    out: Path | None,
+    **o: Any,
+) -> None:
+    """P-PAS's load sweep: compare policies on WORKLOAD (phased arrivals) at each burst rate;
+    report per rate and the geometric mean of the per-rate ratios (P-PAS eq. 1-2)."""
+    import json
+
+    from edgeprefill.runtime.compare import format_sweep, run_sweep
+    from edgeprefill.runtime.workload import load_workload
+
+    spec = load_workload(workload)
+    try:
+        rates = [float(r) for r in burst_rates.split(",") if r.strip()]
+    except ValueError:
+        raise UserError(f"--burst-rates must be numbers, got {burst_rates!r}") from None
+    if not rates or min(rates) <= 0:
+        raise UserError(f"--burst-rates must be positive, got {burst_rates!r}")
+    names, bases = _policy_lists(policies, baselines)
+    out = out or Path("results") / f"sweep-{datetime.now(UTC):%Y%m%d-%H%M%S}"
+    with open_device(o) as (make_backend, profile):
+        report = run_sweep(
+            spec,
+            workload,
+            rates,
+            names,
+            bases,
+            seeds,
+            make_backend,
+            profile,
+            out,
+            limits=_limits(o),
+            simulated=o["backend"] == "sim",
+        )
+    (out / "sweep.json").write_text(json.dumps(report, indent=2) + "\n")
+    click.echo(format_sweep(report))
+    click.echo(f"sweep: {out / 'sweep.json'}")
+
+
+def _policy_lists(policies: str, baselines: str | None) -> tuple[list[str], list[str]]:
+    from edgeprefill.runtime.policy import parse_policy
+
     names = [p.strip() for p in policies.split(",") if p.strip()]
     for name in names:
         parse_policy(name)
     if len(set(names)) != len(names) or len(names) < 2:
         raise UserError(f"--policies needs two or more different policies, got {policies!r}")
-    bases = ([b.strip() for b in baselines.split(",")] if baselines
-             else [n for n in names if n.split(":")[0] in ("static", "ppas", "dlfp", "unlimited")])
+    bases = (
+        [b.strip() for b in baselines.split(",")]
+        if baselines
+        else [n for n in names if n.split(":")[0] in ("static", "ppas", "dlfp", "unlimited")]
+    )
     unknown = [b for b in bases if b not in names]
     if unknown:
         raise UserError(f"--baselines {', '.join(unknown)} not among --policies {policies}")
-    if out is None:
-        out = Path("results") / f"compare-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
-    summaries: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
-    checks: list[str] = []
-    all_agree, all_reconciled = True, True
-    with open_device(o) as (make_backend, profile):
-        for i in range(seeds):
-            seed = spec.seed + i
-            records: dict[str, list[dict[str, Any]]] = {}
-            for name in names:
-                click.echo(f"seed {seed}: {name}", err=True)
-                result = run_workload(spec, workload, make_backend(), name,
-                                      out / f"seed{seed}" / name.replace(":", "_"),
-                                      profile=profile, seed=seed, limits=_limits(o),
-                                      progress=o["progress"])
-                if result.outcome.interrupted:
-                    raise UserError(f"interrupted during seed {seed}, {name}; finished runs "
-                                    f"are in {out}")
-                summaries[name].append(result.summary)
-                records[name] = [r.record() for r in result.requests]
-                all_reconciled &= bool(result.summary["accounting"]["reconciled"])
-            agree, problems = outputs_agree(records)
-            all_agree &= agree
-            checks += [f"seed {seed}: {p}" for p in problems[:5]]
-    checks.insert(0, "output tokens agree exactly across policies: "
-                  + ("yes" if all_agree else "NO"))
-    checks.insert(1, "request and token counts reconcile in every run: "
-                  + ("yes" if all_reconciled else "NO"))
-    report = build_report(summaries, bases)
-    report.update(
-        workload=spec.name, seeds=[spec.seed + i for i in range(seeds)], policies=names,
-        simulated=o["backend"] == "sim", outputs_agree=all_agree, reconciled=all_reconciled,
-        calibration=profile.describe() if profile is not None else None,
-    )
-    (out / "comparison.json").write_text(json.dumps(report, indent=2) + "\n")
-    click.echo(format_report(report, checks))
-    click.echo(f"comparison: {out / 'comparison.json'}")
+    return names, bases
 
 
 def main() -> None:

@@ -10,11 +10,20 @@ request/token reconciliation are checked and reported, not assumed.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+import click
 import numpy as np
 from scipy import stats
+
+from edgeprefill.backends.base import Backend
+from edgeprefill.runtime.calibrate import DeviceProfile
+from edgeprefill.runtime.errors import UserError
+from edgeprefill.runtime.scheduler import BackgroundLimits
+from edgeprefill.runtime.session import run_workload
+from edgeprefill.runtime.workload import Workload
 
 # (class, summary key, label, lower is better)
 METRICS: list[tuple[str, str, str, bool]] = [
@@ -39,7 +48,7 @@ def metric(summary: dict[str, Any], cls: str, key: str) -> float | None:
 
 def paired(policy: Sequence[float], baseline: Sequence[float]) -> dict[str, Any]:
     """Geometric-mean ratio and a paired 95% t-interval of the relative change."""
-    pairs = [(p, b) for p, b in zip(policy, baseline) if p is not None and b and p > 0]
+    pairs = [(p, b) for p, b in zip(policy, baseline, strict=True) if p is not None and b and p > 0]
     if not pairs:
         return {"n": 0, "geomean_ratio": None, "change_mean": None, "change_ci95": None}
     ratios = np.array([p / b for p, b in pairs])
@@ -52,7 +61,9 @@ def paired(policy: Sequence[float], baseline: Sequence[float]) -> dict[str, Any]
         "change_ci95": None,
     }
     if len(pairs) >= 2:
-        half = float(stats.t.ppf(0.975, len(pairs) - 1) * change.std(ddof=1) / math.sqrt(len(pairs)))
+        half = float(
+            stats.t.ppf(0.975, len(pairs) - 1) * change.std(ddof=1) / math.sqrt(len(pairs))
+        )
         out["change_ci95"] = [out["change_mean"] - half, out["change_mean"] + half]
     return out
 
@@ -69,7 +80,9 @@ def outputs_agree(runs: dict[str, list[dict[str, Any]]]) -> tuple[bool, list[str
     return not problems, problems
 
 
-def build_report(summaries: dict[str, list[dict[str, Any]]], baselines: list[str]) -> dict[str, Any]:
+def build_report(
+    summaries: dict[str, list[dict[str, Any]]], baselines: list[str]
+) -> dict[str, Any]:
     """`summaries[policy][i]` is the summary of seed i."""
     table = {
         p: {label: _mean([metric(s, c, k) for s in runs]) for c, k, label, _ in METRICS}
@@ -81,8 +94,9 @@ def build_report(summaries: dict[str, list[dict[str, Any]]], baselines: list[str
             if p == base:
                 continue
             ratios.setdefault(base, {})[p] = {
-                label: paired([metric(s, c, k) for s in runs],
-                              [metric(s, c, k) for s in summaries[base]])
+                label: paired(
+                    [metric(s, c, k) for s in runs], [metric(s, c, k) for s in summaries[base]]
+                )
                 for c, k, label, _ in METRICS
             }
     return {"metrics": table, "vs_baseline": ratios}
@@ -101,8 +115,9 @@ def format_report(report: dict[str, Any], checks: list[str]) -> str:
     lines.append(f"{'':<18}" + "".join(f"{p:>{width}}" for p in policies))
     for _, _, label, _ in METRICS:
         row = [report["metrics"][p][label] for p in policies]
-        lines.append(f"{label:<18}" + "".join(
-            f"{'n/a' if v is None else f'{v:.1f}':>{width}}" for v in row))
+        lines.append(
+            f"{label:<18}" + "".join(f"{'n/a' if v is None else f'{v:.1f}':>{width}}" for v in row)
+        )
     for base, per_policy in report["vs_baseline"].items():
         lines.append(f"\nAgainst {base}: geometric-mean ratio [paired 95% CI of the change]")
         for p, per_metric in per_policy.items():
@@ -114,8 +129,166 @@ def format_report(report: dict[str, Any], checks: list[str]) -> str:
                 ci = r["change_ci95"]
                 ci_text = "n<2" if ci is None else f"{ci[0]:+.1%} .. {ci[1]:+.1%}"
                 better = (r["geomean_ratio"] < 1) == lower
-                lines.append(f"    {label:<18} x{r['geomean_ratio']:.3f} [{ci_text}]"
-                             f"{'  better' if better and r['geomean_ratio'] != 1 else ''}")
+                lines.append(
+                    f"    {label:<18} x{r['geomean_ratio']:.3f} [{ci_text}]"
+                    f"{'  better' if better and r['geomean_ratio'] != 1 else ''}"
+                )
     lines.append("")
     lines += checks
+    return "\n".join(lines)
+
+
+def run_comparison(
+    spec: Workload,
+    path: Path,
+    names: list[str],
+    baselines: list[str],
+    seeds: int,
+    make_backend: Callable[[], Backend],
+    profile: DeviceProfile | None,
+    out: Path,
+    *,
+    limits: BackgroundLimits | None = None,
+    progress: bool = False,
+    simulated: bool = False,
+) -> tuple[dict[str, Any], list[str]]:
+    """Every policy on the same trace per seed; returns the report and its check lines."""
+    summaries: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    problems: list[str] = []
+    all_agree, all_reconciled = True, True
+    for seed in range(spec.seed, spec.seed + seeds):
+        records: dict[str, list[dict[str, Any]]] = {}
+        for name in names:
+            click.echo(f"seed {seed}: {name}", err=True)
+            result = run_workload(
+                spec,
+                path,
+                make_backend(),
+                name,
+                out / f"seed{seed}" / name.replace(":", "_"),
+                profile=profile,
+                seed=seed,
+                limits=limits,
+                progress=progress,
+            )
+            if result.outcome.interrupted:
+                raise UserError(
+                    f"interrupted during seed {seed}, {name}; finished runs are in {out}"
+                )
+            summaries[name].append(result.summary)
+            records[name] = [r.record() for r in result.requests]
+            all_reconciled &= bool(result.summary["accounting"]["reconciled"])
+        agree, found = outputs_agree(records)
+        all_agree &= agree
+        problems += [f"seed {seed}: {p}" for p in found[:5]]
+    checks = [
+        "output tokens agree exactly across policies: " + ("yes" if all_agree else "NO"),
+        "request and token counts reconcile in every run: " + ("yes" if all_reconciled else "NO"),
+        *problems,
+    ]
+    report = build_report(summaries, baselines)
+    report.update(
+        workload=spec.name,
+        seeds=list(range(spec.seed, spec.seed + seeds)),
+        policies=names,
+        simulated=simulated,
+        outputs_agree=all_agree,
+        reconciled=all_reconciled,
+        calibration=profile.describe() if profile is not None else None,
+    )
+    return report, checks
+
+
+def with_burst_rate(spec: Workload, rate: float) -> Workload:
+    """The workload with every phase faster than its stream's first (steady) phase set to
+    `rate`."""
+    from edgeprefill.runtime.workload import PhasedArrivals
+
+    data = spec.model_dump(by_alias=True)
+    found = False
+    for name, stream in spec.streams.items():
+        if isinstance(stream.arrivals, PhasedArrivals):
+            phases = data["streams"][name]["arrivals"]["phases"]
+            steady = phases[0]["rate_per_s"]
+            for phase in phases:
+                if phase["rate_per_s"] > steady:
+                    phase["rate_per_s"] = rate
+                    found = True
+    if not found:
+        raise UserError(f"workload {spec.name} has no burst phase (a phase faster than the first)")
+    return Workload.model_validate(data)
+
+
+def run_sweep(
+    spec: Workload,
+    path: Path,
+    rates: list[float],
+    names: list[str],
+    baselines: list[str],
+    seeds: int,
+    make_backend: Callable[[], Backend],
+    profile: DeviceProfile | None,
+    out: Path,
+    *,
+    limits: BackgroundLimits | None = None,
+    simulated: bool = False,
+) -> dict[str, Any]:
+    """`run_comparison` at every burst rate, then per baseline, policy and metric the
+    geometric mean over rates of the per-rate (seed-averaged) ratio: P-PAS eq. 1-2."""
+    per_rate: dict[str, Any] = {}
+    for rate in rates:
+        report, checks = run_comparison(
+            with_burst_rate(spec, rate),
+            path,
+            names,
+            baselines,
+            seeds,
+            make_backend,
+            profile,
+            out / f"burst{rate:g}",
+            limits=limits,
+            simulated=simulated,
+        )
+        report["checks"] = checks
+        per_rate[f"{rate:g}"] = report
+    overall: dict[str, dict[str, dict[str, float | None]]] = {}
+    for base in baselines:
+        for p in names:
+            if p == base:
+                continue
+            for _, _, label, _ in METRICS:
+                ratios = []
+                for rep in per_rate.values():
+                    a, b = rep["metrics"][p][label], rep["metrics"][base][label]
+                    if a and b:
+                        ratios.append(a / b)
+                value = float(math.exp(np.mean(np.log(ratios)))) if ratios else None
+                overall.setdefault(base, {}).setdefault(p, {})[label] = value
+    return {
+        "workload": spec.name,
+        "burst_rates": rates,
+        "policies": names,
+        "seeds": seeds,
+        "simulated": simulated,
+        "per_rate": per_rate,
+        "geomean_ratio_over_rates": overall,
+        "outputs_agree": all(r["outputs_agree"] for r in per_rate.values()),
+        "reconciled": all(r["reconciled"] for r in per_rate.values()),
+        "calibration": profile.describe() if profile is not None else None,
+    }
+
+
+def format_sweep(report: dict[str, Any]) -> str:
+    lines = []
+    for rate, rep in report["per_rate"].items():
+        lines.append(
+            format_report(rep, rep["checks"]).replace(
+                "edgeprefill compare", f"burst {rate} req/s", 1
+            )
+        )
+    lines.append("\nGeometric mean over burst rates of the policy/baseline ratio (P-PAS eq. 1-2):")
+    for base, per_policy in report["geomean_ratio_over_rates"].items():
+        for p, per_metric in per_policy.items():
+            cells = ", ".join(f"{k} x{v:.3f}" for k, v in per_metric.items() if v is not None)
+            lines.append(f"  {p} / {base}: {cells}")
     return "\n".join(lines)

@@ -78,9 +78,18 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"{' ' + cls + ' ':-^{WIDTH}}")
         lines.append(f"{'Completed / failed:':<34}{c['completed']:>10} / {c['failed']:<9}")
         for label, key in (("TTFT", "ttft"), ("ITL", "itl"), ("TPOT", "tpot"), ("E2E", "e2el")):
-            for stat, name in (("mean", "Mean"), ("median", "Median"), ("p95", "P95"), ("p99", "P99")):
-                lines.append(f"{name + ' ' + label + ' (ms):':<34}{_fmt(c[f'{stat}_{key}_ms']):>22}")
-        lines.append(f"{'Input / output tokens:':<34}{c['input_tokens']:>10} / {c['output_tokens']:<9}")
+            for stat, name in (
+                ("mean", "Mean"),
+                ("median", "Median"),
+                ("p95", "P95"),
+                ("p99", "P99"),
+            ):
+                lines.append(
+                    f"{name + ' ' + label + ' (ms):':<34}{_fmt(c[f'{stat}_{key}_ms']):>22}"
+                )
+        lines.append(
+            f"{'Input / output tokens:':<34}{c['input_tokens']:>10} / {c['output_tokens']:<9}"
+        )
         lines.append(f"{'Prefill throughput (tok/s):':<34}{_fmt(c['prefill_tok_s']):>22}")
         lines.append(f"{'Output throughput (tok/s):':<34}{_fmt(c['output_tok_s']):>22}")
     lines.append("=" * WIDTH)

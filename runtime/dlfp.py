@@ -71,7 +71,9 @@ class DLFPPolicy(BudgetPolicy):
         self._c = min(max(scaled, lo), hi)
 
     def params(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("target_ms", "c_initial", "c_min", "c_max", "quantum")}
+        return {
+            k: getattr(self, k) for k in ("target_ms", "c_initial", "c_min", "c_max", "quantum")
+        }
 
     def snapshot(self) -> dict[str, Any]:
         return {"c": self._c}

@@ -110,7 +110,11 @@ class Engine:
             timing = IterationTiming(self.clock.now() - t_start, 0, 0, 0, plan.budget)
             return Iteration(t_start, plan, timing, by_class, {}, failed, str(e))
         timing = IterationTiming(
-            result.duration_s, plan.n_decode, plan.n_prefill, n_fg, plan.budget,
+            result.duration_s,
+            plan.n_decode,
+            plan.n_prefill,
+            n_fg,
+            plan.budget,
             n_chunks=sum(not w.is_decode for w in work),
             ctx_work=sum(w.ctx_work for w in work),
         )

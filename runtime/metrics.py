@@ -8,6 +8,7 @@ arrival. Percentiles are numpy's default (linear). Latency counts completed requ
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,7 @@ def request_latencies(rec: Mapping[str, Any]) -> dict[str, list[float]]:
     n = len(times)
     return {
         "ttft": [ttft],
-        "itl": [b - a for a, b in zip(times, times[1:])],
+        "itl": [b - a for a, b in pairwise(times)],
         "tpot": [(e2el - ttft) / (n - 1)] if n > 1 else [],
         "e2el": [e2el],
     }

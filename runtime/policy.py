@@ -108,7 +108,9 @@ def parse_policy(spec: str) -> BudgetPolicy:
         key = key.strip()
         if key not in {f.name for f in fields}:
             raise UserError(f"--policy {spec!r}: unknown parameter {key!r}; {name} takes {usage}")
-        kind = next(a for a in (typing.get_args(hints[key]) or (hints[key],)) if a is not type(None))
+        kind = next(
+            a for a in (typing.get_args(hints[key]) or (hints[key],)) if a is not type(None)
+        )
         try:
             kwargs[key] = kind(value.strip())
         except ValueError:

@@ -46,8 +46,9 @@ class RunWriter:
         for req in it.finished:
             self.request(req)
 
-    def summary(self, meta: dict[str, Any], duration_s: float, interrupted: bool,
-                not_arrived: int) -> dict[str, Any]:
+    def summary(
+        self, meta: dict[str, Any], duration_s: float, interrupted: bool, not_arrived: int
+    ) -> dict[str, Any]:
         recs = self.records
         n_done = sum(completed(r) for r in recs)
         arrivals = [r["arrival_s"] for r in recs]
@@ -94,6 +95,10 @@ class RunWriter:
     def __enter__(self) -> RunWriter:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close()

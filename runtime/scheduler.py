@@ -103,9 +103,9 @@ class Scheduler:
                 f"({capacity.n_batch}): every decode needs a batch slot"
             )
         self.capacity = capacity
-        self.max_background_seqs, self.foreground_kv_cells = (
-            limits or BackgroundLimits()
-        ).resolve(capacity)
+        self.max_background_seqs, self.foreground_kv_cells = (limits or BackgroundLimits()).resolve(
+            capacity
+        )
         self._is_eog = is_eog
         self._release = release
         self.waiting: dict[RequestClass, deque[Request]] = {c: deque() for c in CLASSES}

@@ -7,7 +7,7 @@ single run does.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,7 @@ def run_workload(
         engine = Engine(backend, policy, limits=limits, profile=profile)
     except ValueError as e:
         raise UserError(f"--max-background/--foreground-kv: {e}") from None
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     with RunWriter(out) as writer, LiveProgress(requests, enabled=progress) as show:
         try:
             outcome = run_requests(engine, requests, writer, show)
@@ -69,7 +69,6 @@ def run_workload(
             "machine": describe_machine(),
             "calibration": profile.describe() if profile is not None else None,
         }
-        summary = writer.summary(meta, outcome.duration_s, outcome.interrupted,
-                                 outcome.not_arrived)
+        summary = writer.summary(meta, outcome.duration_s, outcome.interrupted, outcome.not_arrived)
         writer.write_summary(summary)
     return RunResult(summary, outcome, requests, out)

@@ -26,7 +26,9 @@ def _draw(r: Range, rng: np.random.Generator) -> int:
     return int(rng.integers(r.min, r.max + 1))
 
 
-def build_requests(workload: Workload, tokenizer: Tokenizer, seed: int | None = None) -> list[Request]:
+def build_requests(
+    workload: Workload, tokenizer: Tokenizer, seed: int | None = None
+) -> list[Request]:
     """All requests of the workload, sorted by arrival time (ties by stream order)."""
     seed = workload.seed if seed is None else seed
     builder = PromptBuilder(tokenizer)

@@ -56,7 +56,22 @@ class BurstArrivals(_Strict):
     interval_s: float = Field(default=0.0, ge=0)
 
 
-Arrivals = Annotated[PoissonArrivals | BurstArrivals, Field(discriminator="process")]
+class Phase(_Strict):
+    duration_s: float = Field(gt=0)
+    rate_per_s: float = Field(ge=0)
+
+
+class PhasedArrivals(_Strict):
+    """Poisson arrivals whose rate changes phase by phase (P-PAS's steady/burst trace)."""
+
+    process: Literal["phases"]
+    phases: list[Phase] = Field(min_length=1)
+    start_s: float = Field(default=0.0, ge=0)
+
+
+Arrivals = Annotated[
+    PoissonArrivals | BurstArrivals | PhasedArrivals, Field(discriminator="process")
+]
 
 
 class TextPrompt(_Strict):

@@ -24,11 +24,16 @@ def make_scheduler(
 
 
 def make_request(
-    rid: str, cls: RequestClass = "foreground", prompt_len: int = 10, max_tokens: int = 4,
-    arrival_s: float = 0.0, ignore_eos: bool = False,
+    rid: str,
+    cls: RequestClass = "foreground",
+    prompt_len: int = 10,
+    max_tokens: int = 4,
+    arrival_s: float = 0.0,
+    ignore_eos: bool = False,
 ) -> Request:
-    return Request(rid, cls, arrival_s, list(range(100, 100 + prompt_len)), max_tokens,
-                   ignore_eos=ignore_eos)
+    return Request(
+        rid, cls, arrival_s, list(range(100, 100 + prompt_len)), max_tokens, ignore_eos=ignore_eos
+    )
 
 
 def run_plan(sched: Scheduler, budget: int | None, token: int = 7, now: float = 0.0):

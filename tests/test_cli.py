@@ -28,7 +28,11 @@ def small_workload(tmp_path: Path, chats: int = 3, docs: int = 2, doc_tokens: in
             "chat": {
                 "class": "foreground",
                 "arrivals": {"process": "poisson", "rate_per_s": 2.0, "count": chats},
-                "prompt": {"source": "text", "tokens": {"min": 40, "max": 80}, "system": "Be brief."},
+                "prompt": {
+                    "source": "text",
+                    "tokens": {"min": 40, "max": 80},
+                    "system": "Be brief.",
+                },
                 "output_tokens": {"min": 6, "max": 10},
                 "ignore_eos": True,
             },
@@ -55,8 +59,17 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def test_run_writes_results_that_agree_with_each_other(tmp_path):
     out = tmp_path / "out"
-    res = run_cli("run", small_workload(tmp_path), "--out", out, "--policy", "static:32",
-                  "--no-progress", "--n-ctx", "2048")
+    res = run_cli(
+        "run",
+        small_workload(tmp_path),
+        "--out",
+        out,
+        "--policy",
+        "static:32",
+        "--no-progress",
+        "--n-ctx",
+        "2048",
+    )
     assert res.returncode == 0, res.stderr
     assert "foreground" in res.stdout and "Mean ITL (ms):" in res.stdout
     summary = json.loads((out / "summary.json").read_text())
@@ -69,7 +82,9 @@ def test_run_writes_results_that_agree_with_each_other(tmp_path):
     acc = summary["accounting"]
     assert acc["reconciled"] and acc["submitted"] == len(requests) == 5
     for cls in ("foreground", "background"):
-        recomputed = class_summary([r for r in requests if r["class"] == cls], summary["duration_s"])
+        recomputed = class_summary(
+            [r for r in requests if r["class"] == cls], summary["duration_s"]
+        )
         assert summary[cls] == recomputed
     assert summary["iterations"] == len(iterations)
     assert sum(it["n_prefill"] for it in iterations) == sum(r["prompt_tokens"] for r in requests)
@@ -85,8 +100,15 @@ def test_run_writes_results_that_agree_with_each_other(tmp_path):
 
 def test_a_request_too_long_for_the_context_fails_and_the_run_goes_on(tmp_path):
     out = tmp_path / "out"
-    res = run_cli("run", small_workload(tmp_path, doc_tokens=1500), "--out", out,
-                  "--no-progress", "--n-ctx", "1024")
+    res = run_cli(
+        "run",
+        small_workload(tmp_path, doc_tokens=1500),
+        "--out",
+        out,
+        "--no-progress",
+        "--n-ctx",
+        "1024",
+    )
     assert res.returncode == 0, res.stderr
     summary = json.loads((out / "summary.json").read_text())
     requests = read_jsonl(out / "requests.jsonl")
@@ -127,19 +149,25 @@ def test_bad_inputs_give_one_line_and_exit_code_2(tmp_path):
         (["--n-batch", "abc"], "'abc' is not a valid integer"),
     ]
     for extra, *fragments in cases:
-        assert_clean_error(run_cli("run", wl, "--no-progress", "--out", tmp_path / "o", *extra),
-                           *fragments)
-    assert_clean_error(run_cli("run", bad_yaml, "--no-progress", "--out", tmp_path / "o"),
-                       "streams.assistant.arrivals.rate_per_s: Input should be greater than 0")
+        assert_clean_error(
+            run_cli("run", wl, "--no-progress", "--out", tmp_path / "o", *extra), *fragments
+        )
+    assert_clean_error(
+        run_cli("run", bad_yaml, "--no-progress", "--out", tmp_path / "o"),
+        "streams.assistant.arrivals.rate_per_s: Input should be greater than 0",
+    )
     assert_clean_error(run_cli("run", tmp_path / "nope.yaml"), "nope.yaml does not exist")
 
 
 def test_ctrl_c_keeps_finished_work_and_marks_the_run_interrupted(tmp_path):
     out = tmp_path / "out"
     wl = small_workload(tmp_path, chats=30, docs=3, doc_tokens=3000)
-    proc = subprocess.Popen([*CLI, "run", str(wl), "--out", str(out), "--no-progress",
-                             "--policy", "static:64"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*CLI, "run", str(wl), "--out", str(out), "--no-progress", "--policy", "static:64"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 240
     requests_file = out / "requests.jsonl"
     while time.monotonic() < deadline:
@@ -163,27 +191,64 @@ def test_ctrl_c_keeps_finished_work_and_marks_the_run_interrupted(tmp_path):
 
 def test_calibrate_a_real_run_then_simulate_and_compare_on_it(tmp_path):
     real = tmp_path / "real"
-    assert run_cli("run", small_workload(tmp_path), "--out", real, "--policy", "static:32",
-                   "--no-progress", "--n-ctx", "2048").returncode == 0
+    assert (
+        run_cli(
+            "run",
+            small_workload(tmp_path),
+            "--out",
+            real,
+            "--policy",
+            "static:32",
+            "--no-progress",
+            "--n-ctx",
+            "2048",
+        ).returncode
+        == 0
+    )
     res = run_cli("calibrate", real)
     assert res.returncode == 0, res.stderr
     assert "ms per prompt token" in res.stdout
     model = json.loads((real / "cost_model.json").read_text())
-    assert model["cost_model"]["n_samples"] == json.loads((real / "summary.json").read_text())["iterations"]
+    assert (
+        model["cost_model"]["n_samples"]
+        == json.loads((real / "summary.json").read_text())["iterations"]
+    )
 
     sim = tmp_path / "sim"
-    res = run_cli("run", small_workload(tmp_path, chats=20, docs=6), "--backend", "sim",
-                  "--cost-model", real / "cost_model.json", "--policy", "cadence",
-                  "--out", sim, "--no-progress")
+    res = run_cli(
+        "run",
+        small_workload(tmp_path, chats=20, docs=6),
+        "--backend",
+        "sim",
+        "--cost-model",
+        real / "cost_model.json",
+        "--policy",
+        "cadence",
+        "--out",
+        sim,
+        "--no-progress",
+    )
     assert res.returncode == 0, res.stderr
     summary = json.loads((sim / "summary.json").read_text())
     assert summary["simulated"] is True and summary["backend"]["name"] == "sim"
     assert summary["completed"] == 26 and summary["accounting"]["reconciled"]
 
     cmp = tmp_path / "cmp"
-    res = run_cli("compare", small_workload(tmp_path, chats=10, docs=3), "--backend", "sim",
-                  "--cost-model", real / "cost_model.json", "--policies",
-                  "static:32,ppas,dlfp,cadence", "--seeds", "3", "--out", cmp, "--no-progress")
+    res = run_cli(
+        "compare",
+        small_workload(tmp_path, chats=10, docs=3),
+        "--backend",
+        "sim",
+        "--cost-model",
+        real / "cost_model.json",
+        "--policies",
+        "static:32,ppas,dlfp,cadence",
+        "--seeds",
+        "3",
+        "--out",
+        cmp,
+        "--no-progress",
+    )
     assert res.returncode == 0, res.stderr
     assert "SIMULATED" in res.stdout and "Against static:32" in res.stdout
     report = json.loads((cmp / "comparison.json").read_text())
@@ -195,9 +260,19 @@ def test_calibrate_a_real_run_then_simulate_and_compare_on_it(tmp_path):
 
 def test_compare_on_the_real_model_checks_outputs_agree_across_policies(tmp_path):
     out = tmp_path / "cmp"
-    res = run_cli("compare", small_workload(tmp_path, chats=3, docs=1), "--policies",
-                  "static:16,unlimited", "--seeds", "2", "--out", out, "--no-progress",
-                  "--n-ctx", "2048")
+    res = run_cli(
+        "compare",
+        small_workload(tmp_path, chats=3, docs=1),
+        "--policies",
+        "static:16,unlimited",
+        "--seeds",
+        "2",
+        "--out",
+        out,
+        "--no-progress",
+        "--n-ctx",
+        "2048",
+    )
     assert res.returncode == 0, res.stderr
     assert "output tokens agree exactly across policies: yes" in res.stdout
     report = json.loads((out / "comparison.json").read_text())

@@ -33,8 +33,7 @@ def high_level_greedy(model_path, prompt: list[int], max_tokens: int, monkeypatc
 
     with monkeypatch.context() as m:
         m.setattr(llama_cpp.llama_cpp, "llama_model_default_params", no_amx_repack)
-        llm = llama_cpp.Llama(str(model_path), n_ctx=2048, n_batch=512, n_threads=2,
-                              verbose=False)
+        llm = llama_cpp.Llama(str(model_path), n_ctx=2048, n_batch=512, n_threads=2, verbose=False)
     out: list[int] = []
     try:
         for token in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
@@ -69,10 +68,16 @@ def test_sequences_decoded_together_equal_each_decoded_alone(make_backend, budge
     tok = be.tokenizer
 
     def requests():
-        specs = [("chat0", "foreground", 150), ("chat1", "foreground", 90),
-                 ("doc0", "background", 700), ("doc1", "background", 500)]
-        return [Request(rid, cls, 0.0, text_prompt(tok, n, seed=i), max_tokens=20, ignore_eos=True)
-                for i, (rid, cls, n) in enumerate(specs)]
+        specs = [
+            ("chat0", "foreground", 150),
+            ("chat1", "foreground", 90),
+            ("doc0", "background", 700),
+            ("doc1", "background", 500),
+        ]
+        return [
+            Request(rid, cls, 0.0, text_prompt(tok, n, seed=i), max_tokens=20, ignore_eos=True)
+            for i, (rid, cls, n) in enumerate(specs)
+        ]
 
     alone = {}
     for req in requests():
@@ -91,9 +96,16 @@ def test_sequences_decoded_together_equal_each_decoded_alone(make_backend, budge
 def test_kv_cells_are_released_after_more_requests_than_sequences(make_backend):
     be = make_backend(n_seq_max=2)
     tok = be.tokenizer
-    reqs = [Request(f"r{i}", "foreground" if i % 2 else "background", 0.0,
-                    text_prompt(tok, 60 + 10 * i, seed=i), max_tokens=4 + i)
-            for i in range(5)]
+    reqs = [
+        Request(
+            f"r{i}",
+            "foreground" if i % 2 else "background",
+            0.0,
+            text_prompt(tok, 60 + 10 * i, seed=i),
+            max_tokens=4 + i,
+        )
+        for i in range(5)
+    ]
     engine = Engine(be, StaticPolicy(64))
     seen_seqs = set()
     for r in reqs:
@@ -131,8 +143,11 @@ def test_prompts_have_exact_lengths_and_are_deterministic(make_backend):
         assert len(a) == n and a[: len(bos)] == bos
         assert a == text_prompt(tok, n, seed=5, system="Be brief.", instruction="Summarize.")
         assert a != text_prompt(tok, n, seed=6, system="Be brief.", instruction="Summarize.")
-    synth = PromptBuilder(tok).build(SyntheticPrompt(source="synthetic", tokens=Range(min=500, max=500)),
-                                     500, np.random.default_rng(0))
+    synth = PromptBuilder(tok).build(
+        SyntheticPrompt(source="synthetic", tokens=Range(min=500, max=500)),
+        500,
+        np.random.default_rng(0),
+    )
     assert len(synth) == 500 and synth[0] == bos[0]
     assert all(tok.is_normal(t) for t in synth[1:])
     # real prose: the text decodes back to words, not byte soup
@@ -146,8 +161,15 @@ def test_sampling_with_temperature_is_seeded(make_backend):
     from edgeprefill.runtime.request import SamplingParams
 
     def sample(seed):
-        r = Request("s", "foreground", 0.0, prompt, max_tokens=16, ignore_eos=True,
-                    sampling=SamplingParams(temperature=1.0, top_p=0.95, seed=seed))
+        r = Request(
+            "s",
+            "foreground",
+            0.0,
+            prompt,
+            max_tokens=16,
+            ignore_eos=True,
+            sampling=SamplingParams(temperature=1.0, top_p=0.95, seed=seed),
+        )
         drain(Engine(be, StaticPolicy(64)), [r])
         return r.output
 

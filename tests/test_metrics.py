@@ -8,9 +8,14 @@ from edgeprefill.runtime.metrics import class_summary, request_latencies
 
 
 def rec(arrival, times, prompt=10, error=None, finish="length"):
-    return {"arrival_s": arrival, "token_times_s": times, "prompt_tokens": prompt,
-            "output_token_ids": list(range(len(times))), "error": error,
-            "finish_reason": None if error else finish}
+    return {
+        "arrival_s": arrival,
+        "token_times_s": times,
+        "prompt_tokens": prompt,
+        "output_token_ids": list(range(len(times))),
+        "error": error,
+        "finish_reason": None if error else finish,
+    }
 
 
 def test_one_request_by_hand():

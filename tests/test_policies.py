@@ -21,8 +21,9 @@ from tests.conftest import drain
 # A CPU-like device: 20 ms per pass over the weights, 3 ms per prompt token, attention
 # 1 ms per 1000 cells attended.
 COST = CostModel(per_pass_s=0.020, per_decode_s=0.002, per_prefill_s=0.003, per_kctx_s=0.001)
-CAP = Capacity(n_batch=2048, n_ctx=8 * 16384, n_seq_max=8, n_ctx_seq=16384, min_chunk=8,
-               max_chunk=2048)
+CAP = Capacity(
+    n_batch=2048, n_ctx=8 * 16384, n_seq_max=8, n_ctx_seq=16384, min_chunk=8, max_chunk=2048
+)
 
 
 def state(n_p_run=0, n_p_wait=0, n_d=0, n_d_fg=0, decode_ctx=0, pos=0) -> SchedState:
@@ -34,16 +35,35 @@ def timing(duration, n_decode=1, n_prefill=64) -> IterationTiming:
 
 
 def profile(cost: CostModel = COST) -> DeviceProfile:
-    return DeviceProfile(cost, decode_s=0.024, target_s=0.1, n_batch=2048, min_chunk=8,
-                         source="test")
+    return DeviceProfile(
+        cost, decode_s=0.024, target_s=0.1, n_batch=2048, min_chunk=8, source="test"
+    )
 
 
 def requests(chats=2, docs=2, chat_out=200, doc_len=4000):
     rng = np.random.default_rng(0)
-    out = [Request(f"chat{i}", "foreground", 0.0, [1, *rng.integers(10, 999, 200).tolist()],
-                   chat_out, ignore_eos=True) for i in range(chats)]
-    out += [Request(f"doc{i}", "background", 0.0, [1, *rng.integers(10, 999, doc_len).tolist()],
-                    16, ignore_eos=True) for i in range(docs)]
+    out = [
+        Request(
+            f"chat{i}",
+            "foreground",
+            0.0,
+            [1, *rng.integers(10, 999, 200).tolist()],
+            chat_out,
+            ignore_eos=True,
+        )
+        for i in range(chats)
+    ]
+    out += [
+        Request(
+            f"doc{i}",
+            "background",
+            0.0,
+            [1, *rng.integers(10, 999, doc_len).tolist()],
+            16,
+            ignore_eos=True,
+        )
+        for i in range(docs)
+    ]
     return out
 
 
@@ -144,5 +164,9 @@ def test_cadence_converges_to_the_target_on_a_known_cost_model():
 
 
 def test_every_policy_parses_from_the_command_line():
-    for spec in ("ppas:nth=2,bmax=4096,bcap=64", "dlfp:target_ms=80,quantum=16", "cadence:itl_ms=120"):
+    for spec in (
+        "ppas:nth=2,bmax=4096,bcap=64",
+        "dlfp:target_ms=80,quantum=16",
+        "cadence:itl_ms=120",
+    ):
         assert parse_policy(spec).name == spec.split(":")[0]

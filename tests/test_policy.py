@@ -6,8 +6,9 @@ from edgeprefill.runtime.errors import UserError
 from edgeprefill.runtime.plan import SchedState
 from edgeprefill.runtime.policy import StaticPolicy, UnlimitedPolicy, parse_policy
 
-STATE = SchedState(n_prefill_running=1, n_prefill_waiting=2, n_decode=3,
-                   n_decode_foreground=1, n_batch=2048)
+STATE = SchedState(
+    n_prefill_running=1, n_prefill_waiting=2, n_decode=3, n_decode_foreground=1, n_batch=2048
+)
 
 
 @pytest.mark.parametrize("spec", ["static:128", "static:tokens=128"])
@@ -25,7 +26,10 @@ def test_unlimited_has_no_cap():
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("sttic:64", "unknown policy 'sttic'; choose one of: cadence, dlfp, ppas, static, unlimited"),
+        (
+            "sttic:64",
+            "unknown policy 'sttic'; choose one of: cadence, dlfp, ppas, static, unlimited",
+        ),
         ("static:abc", "tokens must be int, got 'abc'"),
         ("static:0", "tokens must be at least 1, got 0"),
         ("static:-5", "tokens must be at least 1, got -5"),

@@ -95,8 +95,9 @@ def test_decode_positions_continue_after_the_prompt():
 
 
 def test_background_may_not_take_every_sequence_or_the_foreground_kv_reserve():
-    sched, _ = make_scheduler(n_seq_max=4, n_ctx=1000,
-                              limits=BackgroundLimits(max_seqs=2, foreground_kv_cells=200))
+    sched, _ = make_scheduler(
+        n_seq_max=4, n_ctx=1000, limits=BackgroundLimits(max_seqs=2, foreground_kv_cells=200)
+    )
     docs = [make_request(f"doc{i}", "background", prompt_len=300, max_tokens=1) for i in range(3)]
     for d in docs:
         sched.add(d)
@@ -121,7 +122,9 @@ def test_a_request_that_can_never_fit_fails_with_a_reason_and_others_run():
 
 
 def test_kv_reservation_delays_admission_until_cells_are_free():
-    sched, _ = make_scheduler(n_ctx=300, n_seq_max=4, limits=BackgroundLimits(foreground_kv_cells=0))
+    sched, _ = make_scheduler(
+        n_ctx=300, n_seq_max=4, limits=BackgroundLimits(foreground_kv_cells=0)
+    )
     a = make_request("a", prompt_len=200, max_tokens=2)
     b = make_request("b", prompt_len=200, max_tokens=2)
     sched.add(a)

@@ -36,26 +36,44 @@ def test_default_workload_loads_with_both_classes():
 @pytest.mark.parametrize(
     "mutate, expected",
     [
-        (lambda d: d["streams"]["assistant"]["arrivals"].update(rate_per_s=-1),
-         "streams.assistant.arrivals.rate_per_s: Input should be greater than 0 (got -1)"),
-        (lambda d: d["streams"]["assistant"]["arrivals"].update(burstiness=2),
-         "streams.assistant.arrivals.burstiness: unknown key; allowed keys here: "
-         "process, rate_per_s, count, start_s"),
-        (lambda d: d["streams"]["indexer"].update(max_tokens=5),
-         "streams.indexer.max_tokens: unknown key; allowed keys here: class, arrivals, prompt, "
-         "output_tokens, ignore_eos, sampling"),
-        (lambda d: d["streams"]["indexer"]["arrivals"].update(count="four"),
-         "streams.indexer.arrivals.count: Input should be a valid integer (got 'four')"),
-        (lambda d: d["streams"]["assistant"]["arrivals"].update(process="uniform"),
-         "streams.assistant.arrivals.process: unknown process 'uniform'; allowed: 'poisson', 'burst'"),
-        (lambda d: d["streams"]["assistant"].update({"class": "middle"}),
-         "streams.assistant.class: Input should be 'foreground' or 'background' (got 'middle')"),
-        (lambda d: d["streams"]["assistant"].update(output_tokens={"min": 90, "max": 10}),
-         "streams.assistant.output_tokens: max (10) must be at least min (90)"),
-        (lambda d: d["streams"]["assistant"].pop("prompt"),
-         "streams.assistant.prompt: required key is missing"),
-        (lambda d: d.update(sed=1),
-         "sed: unknown key; allowed keys here: name, description, seed, streams"),
+        (
+            lambda d: d["streams"]["assistant"]["arrivals"].update(rate_per_s=-1),
+            "streams.assistant.arrivals.rate_per_s: Input should be greater than 0 (got -1)",
+        ),
+        (
+            lambda d: d["streams"]["assistant"]["arrivals"].update(burstiness=2),
+            "streams.assistant.arrivals.burstiness: unknown key; allowed keys here: "
+            "process, rate_per_s, count, start_s",
+        ),
+        (
+            lambda d: d["streams"]["indexer"].update(max_tokens=5),
+            "streams.indexer.max_tokens: unknown key; allowed keys here: class, arrivals, prompt, "
+            "output_tokens, ignore_eos, sampling",
+        ),
+        (
+            lambda d: d["streams"]["indexer"]["arrivals"].update(count="four"),
+            "streams.indexer.arrivals.count: Input should be a valid integer (got 'four')",
+        ),
+        (
+            lambda d: d["streams"]["assistant"]["arrivals"].update(process="uniform"),
+            "streams.assistant.arrivals.process: unknown process 'uniform'; allowed: 'poisson', 'burst'",
+        ),
+        (
+            lambda d: d["streams"]["assistant"].update({"class": "middle"}),
+            "streams.assistant.class: Input should be 'foreground' or 'background' (got 'middle')",
+        ),
+        (
+            lambda d: d["streams"]["assistant"].update(output_tokens={"min": 90, "max": 10}),
+            "streams.assistant.output_tokens: max (10) must be at least min (90)",
+        ),
+        (
+            lambda d: d["streams"]["assistant"].pop("prompt"),
+            "streams.assistant.prompt: required key is missing",
+        ),
+        (
+            lambda d: d.update(sed=1),
+            "sed: unknown key; allowed keys here: name, description, seed, streams",
+        ),
     ],
 )
 def test_bad_workloads_name_the_file_the_key_and_the_rule(tmp_path, mutate, expected):
@@ -83,14 +101,31 @@ def test_token_ranges_accept_a_bare_integer(tmp_path):
     data = base()
     data["streams"]["assistant"]["output_tokens"] = 32
     w = load_workload(write(tmp_path, data))
-    assert (w.streams["assistant"].output_tokens.min, w.streams["assistant"].output_tokens.max) == (32, 32)
+    assert (w.streams["assistant"].output_tokens.min, w.streams["assistant"].output_tokens.max) == (
+        32,
+        32,
+    )
 
 
 def test_arrivals_are_seeded_and_shaped():
     p = PoissonArrivals(process="poisson", rate_per_s=2.0, count=2000, start_s=1.0)
     a = arrival_times(p, np.random.default_rng(1))
     assert a == arrival_times(p, np.random.default_rng(1))
-    assert a[0] == 1.0 and all(x <= y for x, y in zip(a, a[1:]))
+    assert a[0] == 1.0 and a == sorted(a)
     assert np.mean(np.diff(a)) == pytest.approx(0.5, rel=0.1)
     b = BurstArrivals(process="burst", count=3, start_s=2.0, interval_s=0.5)
     assert arrival_times(b, np.random.default_rng(0)) == [2.0, 2.5, 3.0]
+
+
+def test_phased_arrivals_follow_each_phase_rate():
+    from edgeprefill.runtime.workload import PhasedArrivals
+
+    spec = PhasedArrivals.model_validate(
+        {"process": "phases", "start_s": 5.0,
+         "phases": [{"duration_s": 1000, "rate_per_s": 0.2}, {"duration_s": 1000, "rate_per_s": 4.0}]}
+    )
+    a = arrival_times(spec, np.random.default_rng(3))
+    assert a == sorted(a) and a[0] >= 5.0 and a[-1] < 2005.0
+    first = sum(t < 1005.0 for t in a)
+    second = len(a) - first
+    assert first == pytest.approx(200, rel=0.2) and second == pytest.approx(4000, rel=0.1)

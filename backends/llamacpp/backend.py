@@ -197,5 +197,3 @@ class LlamaCppBackend(Backend):
 
     def close(self) -> None:
         self._stack.close()
-
-

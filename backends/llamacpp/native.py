@@ -179,8 +179,9 @@ class LlamaBatch:
         b = self.struct
 
         def at(ptr: Any, ctype: Any) -> Any:
-            return ctypes.cast(ctypes.addressof(ptr.contents) + start * ctypes.sizeof(ctype),
-                               ctypes.POINTER(ctype))
+            return ctypes.cast(
+                ctypes.addressof(ptr.contents) + start * ctypes.sizeof(ctype), ctypes.POINTER(ctype)
+            )
 
         return lc.llama_batch(
             n_tokens=n_tokens,
