@@ -121,8 +121,14 @@ def test_phased_arrivals_follow_each_phase_rate():
     from edgeprefill.runtime.workload import PhasedArrivals
 
     spec = PhasedArrivals.model_validate(
-        {"process": "phases", "start_s": 5.0,
-         "phases": [{"duration_s": 1000, "rate_per_s": 0.2}, {"duration_s": 1000, "rate_per_s": 4.0}]}
+        {
+            "process": "phases",
+            "start_s": 5.0,
+            "phases": [
+                {"duration_s": 1000, "rate_per_s": 0.2},
+                {"duration_s": 1000, "rate_per_s": 4.0},
+            ],
+        }
     )
     a = arrival_times(spec, np.random.default_rng(3))
     assert a == sorted(a) and a[0] >= 5.0 and a[-1] < 2005.0
