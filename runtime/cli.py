@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import click
 
+from edgeprefill.runtime.device import limits_from, open_device
 from edgeprefill.runtime.errors import UserError
 
 
@@ -101,65 +101,6 @@ def device_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return functools.reduce(lambda g, opt: opt(g), reversed(options), f)
 
 
-@contextmanager
-def open_device(o: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
-    """The backend the options name, and the device profile policies default from."""
-    from edgeprefill.runtime.calibrate import load_profile, probe_device
-
-    if o["backend"] == "sim":
-        from edgeprefill.backends.sim import SimBackend
-        from edgeprefill.runtime.scheduler import Capacity
-
-        if o["cost_model"] is None:
-            raise UserError(
-                "--backend sim needs --cost-model FILE (write one with "
-                "`edgeprefill calibrate RUN_DIR`)"
-            )
-        profile = load_profile(o["cost_model"])
-        n_ctx = o["n_ctx"] * (1 if o["kv_unified"] else o["n_seq_max"])
-        try:
-            capacity = Capacity(
-                o["n_batch"],
-                n_ctx,
-                o["n_seq_max"],
-                o["n_ctx"],
-                profile.min_chunk,
-                o["n_ubatch"] or o["n_batch"],
-            )
-        except ValueError as e:
-            raise UserError(str(e)) from None
-        yield (lambda: SimBackend(profile.cost, capacity)), profile
-        return
-
-    from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
-    from edgeprefill.backends.llamacpp.model_file import default_model_path
-
-    config = LlamaCppConfig(
-        model=o["model"] if o["model"] is not None else default_model_path(),
-        n_ctx=o["n_ctx"],
-        n_batch=o["n_batch"],
-        n_ubatch=o["n_ubatch"],
-        n_seq_max=o["n_seq_max"],
-        n_threads=o["threads"],
-        kv_unified=o["kv_unified"],
-    )
-    with LlamaCppBackend(config) as be:
-        calibration = o["calibration"]
-        if calibration == "probe":
-            profile = probe_device(be)
-        elif calibration == "none":
-            profile = None
-        else:
-            profile = load_profile(Path(calibration))
-        yield (lambda: be), profile
-
-
-def _limits(o: dict[str, Any]) -> Any:
-    from edgeprefill.runtime.scheduler import BackgroundLimits
-
-    return BackgroundLimits(o["max_background"], o["foreground_kv"])
-
-
 @cli.command()
 @click.argument("workload", type=click.Path(path_type=Path))
 @click.option(
@@ -199,7 +140,7 @@ def run(workload: Path, policy_spec: str, out: Path | None, seed: int | None, **
             out,
             profile=profile,
             seed=seed,
-            limits=_limits(o),
+            limits=limits_from(o),
             progress=o["progress"],
         )
     click.echo(format_summary(result.summary))
@@ -286,7 +227,7 @@ def compare(
             make_backend,
             profile,
             out,
-            limits=_limits(o),
+            limits=limits_from(o),
             progress=o["progress"],
             simulated=o["backend"] == "sim",
         )
@@ -346,7 +287,7 @@ def sweep(
             make_backend,
             profile,
             out,
-            limits=_limits(o),
+            limits=limits_from(o),
             simulated=o["backend"] == "sim",
         )
     (out / "sweep.json").write_text(json.dumps(report, indent=2) + "\n")

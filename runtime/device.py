@@ -1,0 +1,72 @@
+"""Opening the device a command names: the backend and the profile policies default from.
+
+Both are chosen from the command line's device options (see `cli.device_options`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from edgeprefill.runtime.errors import UserError
+
+
+@contextmanager
+def open_device(o: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
+    """The backend the options name, and the device profile policies default from."""
+    from edgeprefill.runtime.calibrate import load_profile, probe_device
+
+    if o["backend"] == "sim":
+        from edgeprefill.backends.sim import SimBackend
+        from edgeprefill.runtime.scheduler import Capacity
+
+        if o["cost_model"] is None:
+            raise UserError(
+                "--backend sim needs --cost-model FILE (write one with "
+                "`edgeprefill calibrate RUN_DIR`)"
+            )
+        profile = load_profile(o["cost_model"])
+        n_ctx = o["n_ctx"] * (1 if o["kv_unified"] else o["n_seq_max"])
+        try:
+            capacity = Capacity(
+                o["n_batch"],
+                n_ctx,
+                o["n_seq_max"],
+                o["n_ctx"],
+                profile.min_chunk,
+                o["n_ubatch"] or o["n_batch"],
+            )
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        yield (lambda: SimBackend(profile.cost, capacity)), profile
+        return
+
+    from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
+    from edgeprefill.backends.llamacpp.model_file import default_model_path
+
+    config = LlamaCppConfig(
+        model=o["model"] if o["model"] is not None else default_model_path(),
+        n_ctx=o["n_ctx"],
+        n_batch=o["n_batch"],
+        n_ubatch=o["n_ubatch"],
+        n_seq_max=o["n_seq_max"],
+        n_threads=o["threads"],
+        kv_unified=o["kv_unified"],
+    )
+    with LlamaCppBackend(config) as be:
+        calibration = o["calibration"]
+        if calibration == "probe":
+            profile = probe_device(be)
+        elif calibration == "none":
+            profile = None
+        else:
+            profile = load_profile(Path(calibration))
+        yield (lambda: be), profile
+
+
+def limits_from(o: dict[str, Any]) -> Any:
+    from edgeprefill.runtime.scheduler import BackgroundLimits
+
+    return BackgroundLimits(o["max_background"], o["foreground_kv"])
