@@ -175,3 +175,30 @@ def test_sampling_with_temperature_is_seeded(make_backend):
 
     assert sample(1) == sample(1)
     assert sample(1) != sample(2)
+
+
+def test_eight_sequences_decoding_at_once_equal_each_alone(make_backend):
+    be = make_backend(n_seq_max=8, n_ctx=512)
+    tok = be.tokenizer
+
+    def requests():
+        return [
+            Request(
+                f"r{i}",
+                "foreground",
+                0.0,
+                text_prompt(tok, 40 + 7 * i, seed=50 + i),
+                max_tokens=12,
+                ignore_eos=True,
+            )
+            for i in range(8)
+        ]
+
+    alone = {}
+    for req in requests():
+        drain(Engine(be, UnlimitedPolicy()), [req])
+        alone[req.id] = req.output
+    together = requests()
+    iterations = drain(Engine(be, UnlimitedPolicy()), together)
+    assert max(it.plan.n_decode for it in iterations) == 8
+    assert {r.id: r.output for r in together} == alone

@@ -29,6 +29,10 @@ LLAMA_MAX_SEQ = 256  # llama.h: sequences one context can hold
 # differently again; measured here, either moved logits by up to ~0.8 and changed greedy
 # output. Pieces of 8+ tokens gave bit-identical logits however a prompt was cut.
 MIN_INVARIANT_CHUNK = 8
+# Likewise the weight matmuls for 8 or more decode rows in one ubatch: with eight sequences
+# decoding together, rows 4-7 moved logits by up to 1.2; groups of up to seven rows were
+# bit-identical to decoding each sequence alone. Larger decode groups are split.
+MAX_INVARIANT_DECODE_GROUP = 7
 
 
 def default_threads() -> int:
@@ -123,15 +127,19 @@ class LlamaCppBackend(Backend):
         self.tokenizer = LlamaTokenizer(self.model)
 
     def execute(self, work: Sequence[SeqWork]) -> StepResult:
-        """One batch, decoded as one group of all decode tokens plus one group per prompt
-        chunk. With a KV stream per sequence llama.cpp splits a batch into runs of
-        consecutive sequence ids with equal token counts, which would compute a chunk's
-        first token beside the decodes, alone, deep in its context: a different kernel, a
-        different greedy output (see MIN_INVARIANT_CHUNK). The groups are the ubatches
-        llama.cpp would have run otherwise, so the cost is the same."""
-        decodes = [w for w in work if w.is_decode]
+        """One batch, decoded as groups: the decode tokens (at most
+        MAX_INVARIANT_DECODE_GROUP to a group), then one group per prompt chunk.
+
+        With a KV stream per sequence llama.cpp splits a batch into runs of consecutive
+        sequence ids with equal token counts, which would compute a chunk's first token
+        beside the decodes, alone, deep in its context: a different kernel, a different
+        greedy output (see MIN_INVARIANT_CHUNK). The groups are the ubatches llama.cpp would
+        have run anyway, plus one pass when eight or more sequences decode at once."""
+        decodes = sorted((w for w in work if w.is_decode), key=lambda w: w.seq_id)
         chunks = [w for w in work if not w.is_decode]
-        groups = [g for g in (decodes, *([c] for c in chunks)) if g]
+        step = MAX_INVARIANT_DECODE_GROUP
+        groups = [decodes[i : i + step] for i in range(0, len(decodes), step)]
+        groups += [[c] for c in chunks]
         self.batch.fill([w for g in groups for w in g])
         sampled: dict[int, int] = {}
         duration = 0.0
