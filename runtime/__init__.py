@@ -1,0 +1,1 @@
+"""Requests, scheduling, budget policies, the engine loop, workloads, results and the CLI."""
