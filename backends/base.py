@@ -47,6 +47,9 @@ class Backend(ABC):
     name: str
     capacity: Capacity
     tokenizer: Tokenizer
+    # A backend with its own clock (the simulated one's is virtual) sets it; runs on it
+    # then stamp every time with that clock instead of the wall clock.
+    clock: Any = None
 
     @abstractmethod
     def execute(self, work: Sequence[SeqWork]) -> StepResult:

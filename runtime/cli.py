@@ -188,7 +188,7 @@ def calibrate(run_dir: Path, out: Path | None) -> None:
 @click.option(
     "--baselines",
     default=None,
-    help="policies to take ratios against [default: every static/ppas/dlfp given]",
+    help="policies to take ratios against [default: every static/unlimited/ppas/dlfp given]",
 )
 @click.option(
     "--seeds",

@@ -72,7 +72,7 @@ class Engine:
     ) -> None:
         self.backend = backend
         self.policy = policy
-        self.clock = clock or getattr(backend, "clock", None) or RunClock()
+        self.clock = clock or backend.clock or RunClock()
         if profile is not None:
             policy.calibrate(profile)
         self.scheduler = Scheduler(
