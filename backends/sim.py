@@ -87,6 +87,7 @@ class SimBackend(Backend):
             sum(len(w.tokens) for w in work if not w.is_decode),
             len(work) - n_decode,
             sum(w.ctx_work for w in work),
+            n_sampled=sum(w.sample is not None for w in work),
         )
         if self.noise:
             duration *= max(0.0, 1.0 + self.noise * float(self._rng.normal()))

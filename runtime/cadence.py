@@ -11,7 +11,9 @@ Unlike DLFP it does not wait for a slow iteration to react: a chunk deep in a lo
 costs more attention work, and the model knows that before the chunk runs. What the model
 still gets wrong is corrected by a margin: the 90th percentile of its recent errors on
 iterations that held foreground decodes is taken off the target, so the tail of the
-foreground's token gaps, not only their mean, stays under it.
+foreground's token gaps, not only their mean, stays under it. So is the host's own time
+between device calls, which a foreground token waits for too: the target is a gap between
+tokens the user sees, not a device time.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class CadencePolicy(BudgetPolicy):
     _recent: deque[IterationTiming] = field(default_factory=deque, init=False, repr=False)
     _last_budget: int | None = field(default=None, init=False, repr=False)
     _errors: deque[float] = field(default_factory=lambda: deque(maxlen=64), init=False, repr=False)
+    _host: deque[float] = field(default_factory=lambda: deque(maxlen=64), init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.itl_ms is not None and self.itl_ms <= 0:
@@ -63,10 +66,29 @@ class CadencePolicy(BudgetPolicy):
             self._last_budget = None
             return None
         model = self._need(self._model, "cost model (device calibration)")
-        target = self._need(self.itl_ms, "itl_ms") / 1000 - self.margin_s
+        target = self._need(self.itl_ms, "itl_ms") / 1000 - self.margin_s - self.host_s
         c = model.max_prefill(target, state.n_decode, state.decode_ctx, state.next_prefill_pos)
+        if 0 < state.next_prefill_left <= c:
+            c = self._past_prompt_end(model, target, state)
         self._last_budget = max(c, self.min_tokens or 0)
         return self._last_budget
+
+    def _past_prompt_end(self, model: CostModel, target: float, state: SchedState) -> int:
+        """The chunk fits the rest of the prompt, which costs more than its tokens: its last
+        token is sampled, and tokens past it open another chunk, another pass over the
+        weights. Without this the iterations that end a prompt form the foreground's tail."""
+        left, pos = state.next_prefill_left, state.next_prefill_pos
+        ctx = state.decode_ctx + left * pos + left * (left + 1) // 2
+        t = model.predict(state.n_decode, left, 1, ctx, n_sampled=state.n_decode + 1)
+        if t > target:
+            return left - 1  # the scheduler keeps the remainder a valid chunk
+        more = model.max_prefill(target - t, 0, 0, 0)  # a new prompt: its pass, at position 0
+        return left + (more if more >= (self.min_tokens or 1) else 0)
+
+    @property
+    def host_s(self) -> float:
+        """The host's share of a foreground token gap (median of recent iterations)."""
+        return float(np.median(self._host)) if self._host else 0.0
 
     @property
     def margin_s(self) -> float:
@@ -78,9 +100,15 @@ class CadencePolicy(BudgetPolicy):
     def observe(self, timing: IterationTiming) -> None:
         if self._model is not None and timing.n_decode_foreground and timing.n_prefill:
             predicted = self._model.predict(
-                timing.n_decode, timing.n_prefill, timing.n_chunks, timing.ctx_work
+                timing.n_decode,
+                timing.n_prefill,
+                timing.n_chunks,
+                timing.ctx_work,
+                n_sampled=timing.sampled,
             )
             self._errors.append(timing.duration_s - predicted)
+        if timing.n_decode_foreground and timing.host_s is not None:
+            self._host.append(timing.host_s)
         self._recent.append(timing)
         if len(self._recent) >= 8:
             self._model = CostModel.fit([*self._anchor, *self._recent])
@@ -93,6 +121,7 @@ class CadencePolicy(BudgetPolicy):
         return {
             "budget": self._last_budget,
             "margin_ms": self.margin_s * 1e3,
+            "host_ms": self.host_s * 1e3,
             "model_ms": None
             if m is None
             else {

@@ -71,12 +71,13 @@ def _timing(duration: float, work: list[SeqWork]) -> IterationTiming:
         n_prefill=sum(len(w.tokens) for w in work if not w.is_decode),
         n_chunks=sum(not w.is_decode for w in work),
         ctx_work=sum(w.ctx_work for w in work),
+        n_sampled=sum(w.sample is not None for w in work),
     )
 
 
 def probe_device(backend: Backend, seed: int = 0) -> DeviceProfile:
-    """Time decode steps alone, decodes beside prompt chunks of several sizes, and chunks
-    deep in a context, then fit the cost model (about 5 s on a 2-core CPU)."""
+    """Time decode steps alone, decodes beside prompt chunks of several sizes, chunks deep
+    in a context and two decodes sharing a pass, then fit the cost model (about 5 s on a 2-core CPU)."""
     cap = backend.capacity
     if cap.n_ctx_seq < 128 or cap.n_batch < 32:
         raise UserError(
@@ -112,6 +113,15 @@ def probe_device(backend: Backend, seed: int = 0) -> DeviceProfile:
                 pos_chat += 1
             run(work)
             pos_doc += c
+        if doc != chat:  # two decodes in one pass: separates a pass from a sampled row
+            for _ in range(3):
+                run(
+                    [
+                        SeqWork(chat, [tokens[pos_chat]], pos_chat, greedy),
+                        SeqWork(doc, [tokens[pos_doc]], pos_doc, greedy),
+                    ]
+                )
+                pos_chat, pos_doc = pos_chat + 1, pos_doc + 1
     finally:
         backend.release(chat)
         if doc != chat:

@@ -1,11 +1,13 @@
 """Iteration time as a function of what the iteration holds.
 
-    t = per_pass * passes + per_decode * n_decode + per_prefill * n_prefill
+    t = per_pass * passes + per_decode * n_sampled + per_prefill * n_prefill
         + per_kctx * ctx_work / 1000
 
 `passes` counts the groups a backend runs (on llama.cpp: one for all decodes plus one per
-prompt chunk, each streaming the weights once); `ctx_work` is the attention work (KV cells
-attended, summed over tokens). Fitted by non-negative least squares from completed
+prompt chunk, each streaming the weights once); `n_sampled` the rows whose logits are
+computed and sampled (each decode, and a chunk that ends its prompt: with a 262k-token
+vocabulary that output projection costs a small model more than a dozen prompt tokens);
+`ctx_work` is the attention work (KV cells attended, summed over tokens). Fitted by non-negative least squares from completed
 iterations: at startup from a short probe, online inside the cadence policy, and offline
 from a run's iterations.jsonl for the simulated backend.
 """
@@ -28,7 +30,7 @@ def passes(n_decode: int, n_chunks: int) -> int:
 
 
 def features(t: IterationTiming) -> list[float]:
-    return [passes(t.n_decode, t.n_chunks), t.n_decode, t.n_prefill, t.ctx_work / 1000.0]
+    return [passes(t.n_decode, t.n_chunks), t.sampled, t.n_prefill, t.ctx_work / 1000.0]
 
 
 @dataclass(frozen=True)
@@ -40,10 +42,17 @@ class CostModel:
     n_samples: int = 0
     rmse_s: float | None = None
 
-    def predict(self, n_decode: int, n_prefill: int, n_chunks: int, ctx_work: int) -> float:
+    def predict(
+        self,
+        n_decode: int,
+        n_prefill: int,
+        n_chunks: int,
+        ctx_work: int,
+        n_sampled: int | None = None,  # None: only the decodes are sampled
+    ) -> float:
         return (
             self.per_pass_s * passes(n_decode, n_chunks)
-            + self.per_decode_s * n_decode
+            + self.per_decode_s * (n_decode if n_sampled is None else n_sampled)
             + self.per_prefill_s * n_prefill
             + self.per_kctx_s * ctx_work / 1000.0
         )

@@ -55,6 +55,8 @@ class Iteration:
             "n_prefill_background": self.prefill_by_class.get("background", 0),
             "n_chunks": self.timing.n_chunks,
             "ctx_work": self.timing.ctx_work,
+            "n_sampled": self.timing.n_sampled,
+            "host_s": self.timing.host_s,
             "policy": self.policy_state,
             "error": self.error,
         }
@@ -82,6 +84,7 @@ class Engine:
             limits=limits,
         )
         self.last: IterationTiming | None = None
+        self._device_done: float | None = None  # when the last device call returned
 
     def add(self, req: Request) -> bool:
         """Submit an arrived request; False if it failed at once (see `req.error`)."""
@@ -96,6 +99,7 @@ class Engine:
         t_start = self.clock.now()
         plan = self.scheduler.plan(self.policy.budget(self.scheduler.state(self.last)))
         if plan.empty:
+            self._device_done = None  # idle until work arrives: not host overhead
             return None
         by_id = {r.id: r for r in self.scheduler.running}
         by_class = {"foreground": 0, "background": 0}
@@ -103,9 +107,12 @@ class Engine:
             by_class[by_id[rid].cls] += n
         n_fg = sum(by_id[rid].cls == "foreground" for rid in plan.decode)
         work = self.scheduler.work(plan)
+        started = self.clock.now()
+        host_s = None if self._device_done is None else started - self._device_done
         try:
             result = self.backend.execute(work)
         except BackendError as e:
+            self._device_done = None
             failed = self.scheduler.fail_plan(plan, str(e))
             timing = IterationTiming(self.clock.now() - t_start, 0, 0, 0, plan.budget)
             return Iteration(t_start, plan, timing, by_class, {}, failed, str(e))
@@ -117,7 +124,10 @@ class Engine:
             plan.budget,
             n_chunks=sum(not w.is_decode for w in work),
             ctx_work=sum(w.ctx_work for w in work),
+            n_sampled=sum(w.sample is not None for w in work),
+            host_s=host_s,
         )
+        self._device_done = self.clock.now()
         self.policy.observe(timing)
         self.last = timing
         finished = self.scheduler.update(plan, result.sampled, self.clock.now())

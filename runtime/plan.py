@@ -21,6 +21,16 @@ class IterationTiming:
     budget: int | None = None  # the cap that was in force
     n_chunks: int = 0  # prompt chunks in it (on llama.cpp each is a pass over the weights)
     ctx_work: int = 0  # attention work: KV cells attended, summed over its tokens
+    # Rows whose logits were computed and sampled: every decode, plus each chunk that ends
+    # its prompt. None (records written before it existed): the decodes.
+    n_sampled: int | None = None
+    # Host time between the previous device call and this one (planning, sampling,
+    # bookkeeping): a foreground token waits for it as well as for the device.
+    host_s: float | None = None
+
+    @property
+    def sampled(self) -> int:
+        return self.n_decode if self.n_sampled is None else self.n_sampled
 
 
 @dataclass(frozen=True)
@@ -35,6 +45,7 @@ class SchedState:
     last: IterationTiming | None = None
     decode_ctx: int = 0  # KV cells the decodes will attend to, summed
     next_prefill_pos: int = 0  # where the next prompt chunk would start in its sequence
+    next_prefill_left: int = 0  # prompt tokens that request has left (0: no prompt waits)
 
 
 @dataclass(frozen=True)

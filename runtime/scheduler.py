@@ -157,6 +157,7 @@ class Scheduler:
             last=last,
             decode_ctx=sum(r.prompt_len + r.decode_tokens_fed + 1 for r in decodes),
             next_prefill_pos=head.num_computed if head is not None else 0,
+            next_prefill_left=head.remaining_prompt if head is not None else 0,
         )
 
     def plan(self, budget: int | None) -> Plan:

@@ -186,3 +186,21 @@ def test_cadence_keeps_the_tail_under_target_on_a_noisy_device():
     ][30:]
     assert np.percentile(mixed, 90) <= 0.150
     assert p.margin_s > 0.005
+
+
+def test_cadence_prices_the_end_of_a_prompt():
+    # Sampling a row costs as much as eight prompt tokens here (a large vocabulary), and
+    # ending a prompt samples its last token and may open a second chunk with its own pass:
+    # those iterations must stay under the target too, not form the foreground's tail.
+    costly_sampling = CostModel(0.020, 0.025, 0.003, 0.001)
+    p = CadencePolicy(itl_ms=150)
+    p.calibrate(profile(costly_sampling))
+    backend = SimBackend(costly_sampling, CAP)
+    its = drain(Engine(backend, p), requests(chats=1, docs=12, chat_out=500, doc_len=300))
+    ends = [
+        it
+        for it in its
+        if it.timing.n_decode_foreground and it.timing.sampled > it.timing.n_decode
+    ]
+    assert len(ends) >= 4  # documents finished while the chat was decoding
+    assert max(it.timing.duration_s for it in ends) <= 0.150
