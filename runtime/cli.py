@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from edgeprefill.runtime.device import limits_from, open_device
+from edgeprefill.runtime.device import open_device, run_options
 from edgeprefill.runtime.errors import UserError
 
 
@@ -97,6 +97,53 @@ def device_options(f: Callable[..., Any]) -> Callable[..., Any]:
             "--threads", type=int, default=0, help="CPU threads [default: physical cores]"
         ),
         click.option("--progress/--no-progress", default=True, show_default=True),
+        click.option(
+            "--telemetry/--no-telemetry",
+            default=True,
+            show_default=True,
+            help="sample temperature, clocks, power and energy beside the run",
+        ),
+        click.option(
+            "--telemetry-period",
+            type=float,
+            default=0.2,
+            show_default=True,
+            help="seconds between telemetry samples",
+        ),
+        click.option(
+            "--tdp-watts",
+            type=float,
+            default=None,
+            help="estimate CPU energy as TDP x CPU load where no RAPL counter can be read "
+            "(labelled estimated)",
+        ),
+        click.option(
+            "--thermal-aware/--no-thermal-aware",
+            default=False,
+            show_default=True,
+            help="scale the background budget down while the device throttles, runs hot or "
+            "is on battery",
+        ),
+        click.option(
+            "--thermal-factor",
+            type=float,
+            default=0.5,
+            show_default=True,
+            help="background budget multiplier while --thermal-aware's condition holds",
+        ),
+        click.option(
+            "--thermal-max-temp",
+            type=float,
+            default=90.0,
+            show_default=True,
+            help="CPU/GPU temperature (C) at which --thermal-aware scales down",
+        ),
+        click.option(
+            "--thermal-battery/--no-thermal-battery",
+            default=True,
+            show_default=True,
+            help="whether running on battery counts for --thermal-aware",
+        ),
     ]
     return functools.reduce(lambda g, opt: opt(g), reversed(options), f)
 
@@ -131,6 +178,7 @@ def run(workload: Path, policy_spec: str, out: Path | None, seed: int | None, **
     if out is None:
         stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
         out = Path("results") / f"{spec.name}-{policy_spec.replace(':', '_')}-{stamp}"
+    options = run_options(o)  # bad values fail before the model loads
     with open_device(o) as (make_backend, profile):
         result = run_workload(
             spec,
@@ -140,8 +188,7 @@ def run(workload: Path, policy_spec: str, out: Path | None, seed: int | None, **
             out,
             profile=profile,
             seed=seed,
-            limits=limits_from(o),
-            progress=o["progress"],
+            options=options,
         )
     click.echo(format_summary(result.summary))
     click.echo(f"results: {out}")
@@ -217,6 +264,7 @@ def compare(
     names, bases = _policy_lists(policies, baselines)
     if out is None:
         out = Path("results") / f"compare-{datetime.now(UTC):%Y%m%d-%H%M%S}"
+    options = run_options(o)
     with open_device(o) as (make_backend, profile):
         report, checks = run_comparison(
             spec,
@@ -227,8 +275,7 @@ def compare(
             make_backend,
             profile,
             out,
-            limits=limits_from(o),
-            progress=o["progress"],
+            options=options,
             simulated=o["backend"] == "sim",
         )
     (out / "comparison.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -276,6 +323,7 @@ def sweep(
         raise UserError(f"--burst-rates must be positive, got {burst_rates!r}")
     names, bases = _policy_lists(policies, baselines)
     out = out or Path("results") / f"sweep-{datetime.now(UTC):%Y%m%d-%H%M%S}"
+    options = run_options(o, progress=False)
     with open_device(o) as (make_backend, profile):
         report = run_sweep(
             spec,
@@ -287,7 +335,7 @@ def sweep(
             make_backend,
             profile,
             out,
-            limits=limits_from(o),
+            options=options,
             simulated=o["backend"] == "sim",
         )
     (out / "sweep.json").write_text(json.dumps(report, indent=2) + "\n")

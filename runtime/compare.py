@@ -21,8 +21,7 @@ from scipy import stats
 from edgeprefill.backends.base import Backend
 from edgeprefill.runtime.calibrate import DeviceProfile
 from edgeprefill.runtime.errors import UserError
-from edgeprefill.runtime.scheduler import BackgroundLimits
-from edgeprefill.runtime.session import run_workload
+from edgeprefill.runtime.session import RunOptions, run_workload
 from edgeprefill.runtime.workload import Workload
 
 # (class, summary key, label, lower is better)
@@ -148,8 +147,7 @@ def run_comparison(
     profile: DeviceProfile | None,
     out: Path,
     *,
-    limits: BackgroundLimits | None = None,
-    progress: bool = False,
+    options: RunOptions | None = None,
     simulated: bool = False,
 ) -> tuple[dict[str, Any], list[str]]:
     """Every policy on the same trace per seed; returns the report and its check lines."""
@@ -168,8 +166,7 @@ def run_comparison(
                 out / f"seed{seed}" / name.replace(":", "_"),
                 profile=profile,
                 seed=seed,
-                limits=limits,
-                progress=progress,
+                options=options,
             )
             if result.outcome.interrupted:
                 raise UserError(
@@ -230,7 +227,7 @@ def run_sweep(
     profile: DeviceProfile | None,
     out: Path,
     *,
-    limits: BackgroundLimits | None = None,
+    options: RunOptions | None = None,
     simulated: bool = False,
 ) -> dict[str, Any]:
     """`run_comparison` at every burst rate, then per baseline, policy and metric the
@@ -246,7 +243,7 @@ def run_sweep(
             make_backend,
             profile,
             out / f"burst{rate:g}",
-            limits=limits,
+            options=options,
             simulated=simulated,
         )
         report["checks"] = checks

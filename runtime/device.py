@@ -66,7 +66,27 @@ def open_device(o: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
         yield (lambda: be), profile
 
 
-def limits_from(o: dict[str, Any]) -> Any:
+def run_options(o: dict[str, Any], progress: bool | None = None) -> Any:
+    """RunOptions from the command line's device options; bad values as one-line errors."""
     from edgeprefill.runtime.scheduler import BackgroundLimits
+    from edgeprefill.runtime.session import RunOptions
+    from edgeprefill.thermal.guard import ThermalSettings
+    from edgeprefill.thermal.telemetry import TelemetryConfig
 
-    return BackgroundLimits(o["max_background"], o["foreground_kv"])
+    try:
+        telemetry = (
+            TelemetryConfig(o["telemetry_period"], o["tdp_watts"]) if o["telemetry"] else None
+        )
+        thermal = (
+            ThermalSettings(o["thermal_factor"], o["thermal_max_temp"], o["thermal_battery"])
+            if o["thermal_aware"]
+            else None
+        )
+    except ValueError as e:
+        raise UserError(f"--telemetry-period/--tdp-watts/--thermal-factor: {e}") from None
+    return RunOptions(
+        BackgroundLimits(o["max_background"], o["foreground_kv"]),
+        o["progress"] if progress is None else progress,
+        telemetry,
+        thermal,
+    )

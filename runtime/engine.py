@@ -16,6 +16,7 @@ from edgeprefill.runtime.plan import IterationTiming, Plan
 from edgeprefill.runtime.policy import BudgetPolicy
 from edgeprefill.runtime.request import Request
 from edgeprefill.runtime.scheduler import BackgroundLimits, Scheduler
+from edgeprefill.thermal.guard import ThermalGuard
 
 
 class RunClock:
@@ -48,6 +49,7 @@ class Iteration:
             "t_start_s": self.t_start_s,
             "duration_s": self.timing.duration_s,
             "budget": self.plan.budget,
+            "background_cap": self.plan.background_cap,
             "n_decode": self.plan.n_decode,
             "n_decode_foreground": self.timing.n_decode_foreground,
             "n_prefill": self.plan.n_prefill,
@@ -71,9 +73,11 @@ class Engine:
         limits: BackgroundLimits | None = None,
         clock: RunClock | None = None,
         profile: DeviceProfile | None = None,
+        guard: ThermalGuard | None = None,
     ) -> None:
         self.backend = backend
         self.policy = policy
+        self.guard = guard
         self.clock = clock or backend.clock or RunClock()
         if profile is not None:
             policy.calibrate(profile)
@@ -97,7 +101,12 @@ class Engine:
     def step(self) -> Iteration | None:
         """Run one iteration; None when nothing could be scheduled."""
         t_start = self.clock.now()
-        plan = self.scheduler.plan(self.policy.budget(self.scheduler.state(self.last)))
+        budget = self.policy.budget(self.scheduler.state(self.last))
+        background_cap = None
+        if self.guard is not None:
+            self.guard.update()
+            background_cap = self.guard.background_cap(budget, self.backend.capacity.n_batch)
+        plan = self.scheduler.plan(budget, background_cap)
         if plan.empty:
             self._device_done = None  # idle until work arrives: not host overhead
             return None
@@ -131,7 +140,10 @@ class Engine:
         self.policy.observe(timing)
         self.last = timing
         finished = self.scheduler.update(plan, result.sampled, self.clock.now())
-        return Iteration(t_start, plan, timing, by_class, self.policy.snapshot(), finished)
+        state = self.policy.snapshot()
+        if self.guard is not None:
+            state = {**state, "thermal": self.guard.snapshot()}
+        return Iteration(t_start, plan, timing, by_class, state, finished)
 
     def abort(self, reason: str) -> list[Request]:
         """Fail every waiting and running request (the run is stopping)."""

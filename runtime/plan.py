@@ -50,7 +50,8 @@ class SchedState:
 
 @dataclass(frozen=True)
 class Plan:
-    """One iteration: every running decode's token, then prompt chunks under `budget`.
+    """One iteration: every running decode's token, then prompt chunks under `budget`, the
+    background's within `background_cap` as well.
 
     `decode` and `prefill` keep scheduling order; `prefill` maps request id -> prompt tokens.
     """
@@ -58,6 +59,7 @@ class Plan:
     budget: int | None
     decode: tuple[str, ...] = ()
     prefill: dict[str, int] = field(default_factory=dict)
+    background_cap: int | None = None  # a further cap on background prompt tokens
 
     @property
     def n_decode(self) -> int:
@@ -78,5 +80,7 @@ class Plan:
 
     def __str__(self) -> str:
         cap = "none" if self.budget is None else str(self.budget)
+        if self.background_cap is not None:
+            cap += f", background_cap={self.background_cap}"
         chunks = ", ".join(f"{rid}: {n}" for rid, n in self.prefill.items())
         return f"Plan(budget={cap}, decode=[{', '.join(self.decode)}], prefill={{{chunks}}})"

@@ -16,6 +16,7 @@ from edgeprefill.runtime.engine import Iteration
 from edgeprefill.runtime.errors import UserError
 from edgeprefill.runtime.metrics import class_summary, completed
 from edgeprefill.runtime.request import CLASSES, Request
+from edgeprefill.thermal.energy import IterationSpan
 
 
 class RunWriter:
@@ -31,6 +32,7 @@ class RunWriter:
         self.n_iterations = 0
         self.prefill_tokens = 0  # in iterations that completed
         self.decode_tokens = 0
+        self.spans: list[IterationSpan] = []  # when each iteration ran, for energy per class
 
     def request(self, req: Request) -> None:
         rec = req.record()
@@ -42,6 +44,10 @@ class RunWriter:
         if it.error is None:
             self.prefill_tokens += it.plan.n_prefill
             self.decode_tokens += it.plan.n_decode
+            fg = it.timing.n_decode_foreground + it.prefill_by_class.get("foreground", 0)
+            bg = it.plan.n_decode + it.plan.n_prefill - fg
+            end = it.t_start_s + it.timing.duration_s
+            self.spans.append(IterationSpan(it.t_start_s, end, fg, bg))
         self._iterations.write(json.dumps(it.record()) + "\n")
         for req in it.finished:
             self.request(req)

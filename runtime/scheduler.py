@@ -160,24 +160,32 @@ class Scheduler:
             next_prefill_left=head.remaining_prompt if head is not None else 0,
         )
 
-    def plan(self, budget: int | None) -> Plan:
-        """Decode tokens first, then prompt chunks up to `budget` (None: fill n_batch).
-        Admits waiting requests whose chunk is planned."""
+    def plan(self, budget: int | None, background_cap: int | None = None) -> Plan:
+        """Decode tokens first, then prompt chunks up to `budget` (None: fill n_batch), of
+        which background prompts get at most `background_cap`. Admits waiting requests
+        whose chunk is planned."""
         decode = tuple(r.id for r in self.running if r.status is Status.DECODE)
         room = self.capacity.n_batch - len(decode)
         left = budget_cap = room if budget is None else max(0, min(budget, room))
+        bg_left = bg_cap = left if background_cap is None else min(background_cap, left)
         prefill: dict[str, int] = {}
         for req in self._prefill_order():
             if left == 0:
                 break
-            n = self._chunk(req.remaining_prompt, left, full=left == budget_cap)
+            if req.cls == "background":
+                avail, full = min(left, bg_left), left == budget_cap and bg_left == bg_cap
+            else:
+                avail, full = left, left == budget_cap
+            n = self._chunk(req.remaining_prompt, avail, full) if avail else 0
             if n == 0:
                 continue
             if req.status is Status.WAITING:
                 self._admit(req)
             prefill[req.id] = n
             left -= n
-        return Plan(budget=budget, decode=decode, prefill=prefill)
+            if req.cls == "background":
+                bg_left -= n
+        return Plan(budget=budget, decode=decode, prefill=prefill, background_cap=background_cap)
 
     def _chunk(self, remaining: int, left: int, full: bool) -> int:
         """The largest chunk within `left` that is neither shorter than `min_chunk` nor

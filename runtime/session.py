@@ -6,7 +6,8 @@ single run does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,21 @@ from edgeprefill.runtime.run import RunOutcome, run_requests
 from edgeprefill.runtime.scheduler import BackgroundLimits
 from edgeprefill.runtime.trace import build_requests
 from edgeprefill.runtime.workload import Workload
+from edgeprefill.thermal.energy import energy_summary
+from edgeprefill.thermal.guard import ThermalGuard, ThermalSettings
 from edgeprefill.thermal.machine import describe_machine
+from edgeprefill.thermal.sampler import TelemetrySampler
+from edgeprefill.thermal.telemetry import TelemetryConfig, default_sensors, summarize
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run is carried out, beyond its workload, backend and policy."""
+
+    limits: BackgroundLimits | None = None
+    progress: bool = True
+    telemetry: TelemetryConfig | None = field(default_factory=TelemetryConfig)  # None: off
+    thermal: ThermalSettings | None = None  # the thermal-/battery-aware background budget
 
 
 @dataclass(frozen=True)
@@ -43,26 +58,57 @@ def run_workload(
     *,
     profile: DeviceProfile | None = None,
     seed: int | None = None,
-    limits: BackgroundLimits | None = None,
-    progress: bool = True,
+    options: RunOptions | None = None,
 ) -> RunResult:
+    o = options or RunOptions()
     policy = parse_policy(policy_spec)
     requests = build_requests(workload, backend.tokenizer, seed)
     try:
-        engine = Engine(backend, policy, limits=limits, profile=profile)
+        engine = Engine(backend, policy, limits=o.limits, profile=profile)
     except ValueError as e:
         raise UserError(f"--max-background/--foreground-kv: {e}") from None
+    simulated = bool(backend.describe().get("simulated", False))
+    if o.thermal is not None and (o.telemetry is None or simulated):
+        raise UserError(
+            "--thermal-aware needs telemetry from a real device: drop --no-telemetry, "
+            "and use a real backend rather than --backend sim"
+        )
     started = datetime.now(UTC)
-    with RunWriter(out) as writer, LiveProgress(requests, enabled=progress) as show:
+    with ExitStack() as stack:
+        writer = stack.enter_context(RunWriter(out))
+        sampler = None
+        if o.telemetry is not None and not simulated:
+            sampler = stack.enter_context(
+                TelemetrySampler(
+                    default_sensors(o.telemetry.root),
+                    engine.clock.now,
+                    out / "telemetry.jsonl",
+                    o.telemetry.period_s,
+                )
+            )
+            if o.thermal is not None:
+                engine.guard = ThermalGuard(sampler.latest, o.thermal)
+        show = stack.enter_context(LiveProgress(requests, enabled=o.progress))
         try:
             outcome = run_requests(engine, requests, writer, show)
         except ValueError as e:  # a policy left without the parameters it needs
             raise UserError(str(e)) from None
+        if sampler is not None:
+            sampler.stop()
+            assert o.telemetry is not None
+            telemetry = summarize(sampler, o.telemetry, writer.spans, writer.records)
+        else:
+            why = "simulated backend (virtual clock)" if simulated else "--no-telemetry"
+            telemetry = {
+                "telemetry": {"unavailable": why},
+                "energy": energy_summary([], [], [], reasons={"cpu": why, "gpu": why}),
+            }
         describe = backend.describe()
         meta = {
             "backend": describe,
-            "simulated": bool(describe.get("simulated", False)),
+            "simulated": simulated,
             "policy": {**policy.describe(), "spec": policy_spec},
+            "thermal_aware": None if o.thermal is None else vars(o.thermal),
             "workload": {"name": workload.name, "path": str(workload_path)},
             "seed": workload.seed if seed is None else seed,
             "start_time": started.isoformat(),
@@ -70,5 +116,6 @@ def run_workload(
             "calibration": profile.describe() if profile is not None else None,
         }
         summary = writer.summary(meta, outcome.duration_s, outcome.interrupted, outcome.not_arrived)
+        summary.update(telemetry)
         writer.write_summary(summary)
     return RunResult(summary, outcome, requests, out)

@@ -97,6 +97,25 @@ def test_run_writes_results_that_agree_with_each_other(tmp_path):
     chats = [r for r in requests if r["class"] == "foreground"]
     assert all(6 <= len(r["output_token_ids"]) <= 10 for r in chats)
 
+    # Telemetry beside the run: every sensor available with its source or unavailable with
+    # its reason; energy never a silent 0.
+    tel = summary["telemetry"]
+    assert set(tel["sensors"]) == {"rapl", "cpu_temp", "cpu_freq", "cpu_load", "battery", "gpu"}
+    for name, sensor in tel["sensors"].items():
+        assert sensor["source"], name
+        assert sensor["available"] or sensor["reason"], name
+    samples = read_jsonl(out / "telemetry.jsonl")
+    assert len(samples) == tel["samples"] >= 2
+    assert 0 <= samples[0]["t_s"] and samples[-1]["t_s"] <= summary["duration_s"] + 1
+    energy = summary["energy"]
+    if not Path("/sys/class/powercap").exists():  # this machine: no RAPL, no battery
+        assert "no RAPL package domains" in tel["sensors"]["rapl"]["reason"]
+        assert "--tdp-watts" in energy["sources"]["cpu"]["reason"]
+    if not Path("/sys/class/power_supply/BAT0").exists():
+        assert "no battery" in tel["sensors"]["battery"]["reason"]
+    if energy["whole_run"] is not None:
+        assert energy["whole_run"]["joules_total"] > 0
+
 
 def test_a_request_too_long_for_the_context_fails_and_the_run_goes_on(tmp_path):
     out = tmp_path / "out"
@@ -147,6 +166,8 @@ def test_bad_inputs_give_one_line_and_exit_code_2(tmp_path):
         (["--max-background", "9"], "background sequences must be between 1 and n_seq_max (8)"),
         (["--backend", "vllm"], "Invalid value for '--backend'"),
         (["--n-batch", "abc"], "'abc' is not a valid integer"),
+        (["--thermal-aware", "--thermal-factor", "0"], "thermal factor must be in (0, 1]"),
+        (["--telemetry-period", "0"], "telemetry period must be positive"),
     ]
     for extra, *fragments in cases:
         assert_clean_error(

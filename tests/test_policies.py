@@ -198,9 +198,7 @@ def test_cadence_prices_the_end_of_a_prompt():
     backend = SimBackend(costly_sampling, CAP)
     its = drain(Engine(backend, p), requests(chats=1, docs=12, chat_out=500, doc_len=300))
     ends = [
-        it
-        for it in its
-        if it.timing.n_decode_foreground and it.timing.sampled > it.timing.n_decode
+        it for it in its if it.timing.n_decode_foreground and it.timing.sampled > it.timing.n_decode
     ]
     assert len(ends) >= 4  # documents finished while the chat was decoding
     assert max(it.timing.duration_s for it in ends) <= 0.150
