@@ -2,7 +2,8 @@
 
 Text prompts are English generated deterministically from a fixed word list (sentences and
 paragraphs), so tokenization behaves like real prose; synthetic prompts are random plain-text
-token ids for exact, model-independent lengths.
+token ids for exact, model-independent lengths; document prompts are the user's own files,
+split to fit.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import numpy as np
 
 from edgeprefill.backends.base import Tokenizer
 from edgeprefill.runtime.errors import UserError
-from edgeprefill.runtime.workload import SyntheticPrompt, TextPrompt
+from edgeprefill.runtime.workload import DocumentsPrompt, SyntheticPrompt, TextPrompt
 
 _WORDS = """
 the of and to in is was that for on with as by at from his her their it this which be are
@@ -76,8 +77,8 @@ class PromptBuilder:
             return self.synthetic(n_tokens, rng)
         return self.text(spec, n_tokens, rng)
 
-    def text(self, spec: TextPrompt, n_tokens: int, rng: np.random.Generator) -> list[int]:
-        """[chat prefix] + generated text cut to fit + [instruction] + [chat suffix]."""
+    def _frame(self, spec: TextPrompt | DocumentsPrompt) -> tuple[list[int], list[int]]:
+        """Token ids before and after the body: chat prefix; instruction + chat suffix."""
         if spec.chat_template:
             before, after = self.tok.chat_parts(spec.system)
         else:
@@ -89,7 +90,12 @@ class PromptBuilder:
             if spec.instruction
             else []
         )
-        n_body = n_tokens - len(head) - len(instr) - len(tail)
+        return head, instr + tail
+
+    def text(self, spec: TextPrompt, n_tokens: int, rng: np.random.Generator) -> list[int]:
+        """[chat prefix] + generated text cut to fit + [instruction] + [chat suffix]."""
+        head, tail = self._frame(spec)
+        n_body = n_tokens - len(head) - len(tail)
         if n_body < 1:
             raise UserError(
                 f"a prompt of {n_tokens} tokens cannot hold the template, system prompt and "
@@ -97,7 +103,47 @@ class PromptBuilder:
             )
         # Every word is at least one token, so n_body words always give enough tokens.
         body = self.tok.encode(generate_text(rng, n_body), add_bos=False, special=False)
-        return head + body[:n_body] + instr + tail
+        return head + body[:n_body] + tail
+
+    def documents(self, spec: DocumentsPrompt) -> list[tuple[str, list[int]]]:
+        """(label, prompt) per document piece, by the rule in `DocumentsPrompt`."""
+        head, tail = self._frame(spec)
+        room = spec.chunk_tokens - len(head) - len(tail)
+        if room < 16:
+            raise UserError(
+                f"prompt.chunk_tokens {spec.chunk_tokens} leaves {room} tokens for the "
+                "document after the template and instruction; raise it"
+            )
+        out: list[tuple[str, list[int]]] = []
+        for path in spec.files:
+            try:
+                text = path.read_text(errors="replace")
+            except OSError as e:
+                raise UserError(f"cannot read document {path}: {e.strerror}") from None
+            pieces = self._split(text, room)
+            for i, body in enumerate(pieces, 1):
+                out.append((f"{path.name} {i}/{len(pieces)}", head + body + tail))
+        if not out:
+            raise UserError(f"every document in {spec.folder} is empty")
+        return out
+
+    def _split(self, text: str, room: int) -> list[list[int]]:
+        """Whole paragraphs while they fit; a paragraph longer than a piece is cut at token
+        boundaries. Paragraph breaks are kept as text, so no token is lost."""
+        pieces: list[list[int]] = []
+        current: list[int] = []
+        for para in (p for p in text.split("\n\n") if p.strip()):
+            ids = self.tok.encode(para + "\n\n", add_bos=False, special=False)
+            if current and len(current) + len(ids) > room:
+                pieces.append(current)
+                current = []
+            while len(ids) > room:
+                pieces.append(ids[:room])
+                ids = ids[room:]
+            current += ids
+        if current:
+            pieces.append(current)
+        return pieces
 
     def synthetic(self, n_tokens: int, rng: np.random.Generator) -> list[int]:
         """BOS then random plain-text token ids (control and byte tokens rejected)."""

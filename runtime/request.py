@@ -43,6 +43,9 @@ class Request:
     max_tokens: int
     sampling: SamplingParams = SamplingParams()
     ignore_eos: bool = False
+    after: str | None = None  # closed loop: arrives `think_s` after this request finished
+    think_s: float = 0.0
+    source: str | None = None  # where the prompt came from (a document piece)
 
     status: Status = Status.WAITING
     seq_id: int | None = None
@@ -93,4 +96,6 @@ class Request:
             "token_times_s": list(self.token_times_s),
             "finish_reason": self.finish_reason,
             "error": self.error,
+            **({"after": self.after, "think_s": self.think_s} if self.after else {}),
+            **({"source": self.source} if self.source else {}),
         }

@@ -40,6 +40,7 @@ class RunWriter:
         self._requests.write(json.dumps(rec) + "\n")
 
     def iteration(self, it: Iteration) -> None:
+        """Record an iteration; the requests it finished are recorded with `request`."""
         self.n_iterations += 1
         if it.error is None:
             self.prefill_tokens += it.plan.n_prefill
@@ -49,8 +50,6 @@ class RunWriter:
             end = it.t_start_s + it.timing.duration_s
             self.spans.append(IterationSpan(it.t_start_s, end, fg, bg))
         self._iterations.write(json.dumps(it.record()) + "\n")
-        for req in it.finished:
-            self.request(req)
 
     def summary(
         self, meta: dict[str, Any], duration_s: float, interrupted: bool, not_arrived: int

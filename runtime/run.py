@@ -1,6 +1,7 @@
 """Drive a workload through an engine in real time and record everything.
 
-Requests are submitted when their arrival time passes on the run's clock. Ctrl-C (or SIGTERM)
+Requests are submitted when their arrival time passes on the run's clock; a closed-loop
+turn's arrival time is set when the request before it ends. Ctrl-C (or SIGTERM)
 stops at the next iteration boundary: what finished is kept, what was waiting or running
 fails with reason "interrupted", and the run is marked interrupted. A second Ctrl-C stops at
 once.
@@ -8,9 +9,9 @@ once.
 
 from __future__ import annotations
 
+import bisect
 import signal
 import threading
-from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -59,8 +60,20 @@ def run_requests(
     writer: RunWriter,
     on_iteration: Callable[[Iteration | None], None] = lambda it: None,
 ) -> RunOutcome:
-    pending = deque(sorted(requests, key=lambda r: r.arrival_s))
+    pending: list[Request] = sorted(
+        (r for r in requests if r.after is None), key=lambda r: r.arrival_s
+    )
+    # Closed-loop turns wait for the request before them: released when it ends.
+    blocked = {r.after: r for r in requests if r.after is not None}
     clock = engine.clock
+
+    def ended(req: Request) -> None:
+        writer.request(req)
+        nxt = blocked.pop(req.id, None)
+        if nxt is not None:
+            nxt.arrival_s = clock.now() + nxt.think_s
+            bisect.insort(pending, nxt, key=lambda r: r.arrival_s)
+
     interrupted = False
     with _graceful_interrupt() as stop:
         try:
@@ -70,9 +83,9 @@ def run_requests(
                     break
                 now = clock.now()
                 while pending and pending[0].arrival_s <= now:
-                    req = pending.popleft()
+                    req = pending.pop(0)
                     if not engine.add(req):
-                        writer.request(req)
+                        ended(req)
                         on_iteration(None)
                 it = engine.step() if engine.has_work else None
                 if it is None:
@@ -85,10 +98,12 @@ def run_requests(
                         clock.sleep(min(IDLE_POLL_S, max(pending[0].arrival_s - clock.now(), 0)))
                     continue
                 writer.iteration(it)
+                for req in it.finished:
+                    ended(req)
                 on_iteration(it)
         except KeyboardInterrupt:
             interrupted = True
     if interrupted:
         for req in engine.abort("interrupted"):
             writer.request(req)
-    return RunOutcome(clock.now(), interrupted, len(pending))
+    return RunOutcome(clock.now(), interrupted, len(pending) + len(blocked))

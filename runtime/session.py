@@ -22,7 +22,7 @@ from edgeprefill.runtime.request import Request
 from edgeprefill.runtime.results import RunWriter
 from edgeprefill.runtime.run import RunOutcome, run_requests
 from edgeprefill.runtime.scheduler import BackgroundLimits
-from edgeprefill.runtime.trace import build_requests
+from edgeprefill.runtime.trace import build_requests, format_trace
 from edgeprefill.runtime.workload import Workload
 from edgeprefill.thermal.energy import energy_summary
 from edgeprefill.thermal.guard import ThermalGuard, ThermalSettings
@@ -76,6 +76,7 @@ def run_workload(
     started = datetime.now(UTC)
     with ExitStack() as stack:
         writer = stack.enter_context(RunWriter(out))
+        (out / "arrivals.jsonl").write_text(format_trace(requests))
         sampler = None
         if o.telemetry is not None and not simulated:
             sampler = stack.enter_context(

@@ -7,6 +7,8 @@ changing a prompt source never shifts another stream's arrivals.
 
 from __future__ import annotations
 
+import json
+import math
 import zlib
 
 import numpy as np
@@ -15,7 +17,7 @@ from edgeprefill.backends.base import Tokenizer
 from edgeprefill.runtime.arrivals import arrival_times
 from edgeprefill.runtime.prompts import PromptBuilder
 from edgeprefill.runtime.request import Request, SamplingParams
-from edgeprefill.runtime.workload import Range, Workload
+from edgeprefill.runtime.workload import DocumentsPrompt, Range, TraceArrivals, Workload
 
 
 def _rng(seed: int, stream: str, purpose: int) -> np.random.Generator:
@@ -29,29 +31,66 @@ def _draw(r: Range, rng: np.random.Generator) -> int:
 def build_requests(
     workload: Workload, tokenizer: Tokenizer, seed: int | None = None
 ) -> list[Request]:
-    """All requests of the workload, sorted by arrival time (ties by stream order)."""
+    """All requests of the workload, sorted by arrival time (ties by stream order); a
+    closed-loop turn, which arrives only after its predecessor, sorts last."""
     seed = workload.seed if seed is None else seed
     builder = PromptBuilder(tokenizer)
     requests: list[Request] = []
     for name, stream in workload.streams.items():
-        times = arrival_times(stream.arrivals, _rng(seed, name, 0))
+        docs = (
+            builder.documents(stream.prompt) if isinstance(stream.prompt, DocumentsPrompt) else None
+        )
+        arrivals = arrival_times(stream.arrivals, _rng(seed, name, 0), len(docs) if docs else None)
+        rows = stream.arrivals.rows if isinstance(stream.arrivals, TraceArrivals) else None
         lengths = _rng(seed, name, 1)
         text = _rng(seed, name, 2)
-        for i, t in enumerate(times):
-            n_prompt = _draw(stream.prompt.tokens, lengths)
-            n_out = _draw(stream.output_tokens, lengths)
+        for i, a in enumerate(arrivals):
+            row = rows[i] if rows else {}
+            source = None
+            if docs:
+                source, prompt = docs[i]
+            else:
+                n_prompt = _draw(stream.prompt.tokens, lengths)  # type: ignore[union-attr]
+                prompt = builder.build(
+                    stream.prompt,  # type: ignore[arg-type]
+                    int(row.get("prompt_tokens", n_prompt)),
+                    text,
+                )
+            n_out = int(row.get("output_tokens", _draw(stream.output_tokens, lengths)))
             s = stream.sampling
             sample_seed = s.seed if s.seed is not None else (seed * 1_000_003 + i) & 0xFFFFFFFF
             requests.append(
                 Request(
                     id=f"{name}-{i}",
                     cls=stream.cls,
-                    arrival_s=t,
-                    prompt=builder.build(stream.prompt, n_prompt, text),
+                    arrival_s=math.inf if a.t_s is None else a.t_s,
+                    prompt=prompt,
                     max_tokens=n_out,
                     sampling=SamplingParams(s.temperature, s.top_p, sample_seed),
                     ignore_eos=stream.ignore_eos,
+                    after=None if a.after is None else f"{name}-{a.after}",
+                    think_s=a.think_s,
+                    source=source,
                 )
             )
     requests.sort(key=lambda r: r.arrival_s)
     return requests
+
+
+def format_trace(requests: list[Request]) -> str:
+    """The arrival trace as JSONL: what a run was asked to do, byte-comparable across runs
+    and backends (prompt ids are left out: a tokenizer's ids differ, lengths do not)."""
+    lines = []
+    for r in requests:
+        rec: dict[str, object] = {
+            "id": r.id,
+            "class": r.cls,
+            "arrival_s": None if math.isinf(r.arrival_s) else round(r.arrival_s, 9),
+        }
+        if r.after is not None:
+            rec.update(after=r.after, think_s=round(r.think_s, 9))
+        rec.update(prompt_tokens=r.prompt_len, max_tokens=r.max_tokens)
+        if r.source is not None:
+            rec["source"] = r.source
+        lines.append(json.dumps(rec) + "\n")
+    return "".join(lines)

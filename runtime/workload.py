@@ -10,7 +10,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 
 from edgeprefill.runtime.errors import UserError
 
@@ -40,10 +48,27 @@ class Range(_Strict):
         return self
 
 
+def _resolve(path: str, info: ValidationInfo) -> Path:
+    """A path as written in the workload file, relative to that file's folder."""
+    base = (info.context or {}).get("base_dir", Path("."))
+    return (base / Path(path).expanduser()).resolve()
+
+
 class PoissonArrivals(_Strict):
     process: Literal["poisson"]
     rate_per_s: float = Field(gt=0)
-    count: int = Field(ge=1)
+    count: int | None = Field(default=None, ge=1)  # None only with a documents prompt
+    start_s: float = Field(default=0.0, ge=0)
+
+
+class GammaArrivals(_Strict):
+    """Gamma-distributed gaps with mean 1/rate. `burstiness` is the shape: 1 is Poisson,
+    below 1 burstier, above 1 more regular (the convention of vLLM's benchmark)."""
+
+    process: Literal["gamma"]
+    rate_per_s: float = Field(gt=0)
+    burstiness: float = Field(default=1.0, gt=0)
+    count: int | None = Field(default=None, ge=1)
     start_s: float = Field(default=0.0, ge=0)
 
 
@@ -51,9 +76,45 @@ class BurstArrivals(_Strict):
     """`count` requests at `start_s`, `interval_s` apart (0: all at once)."""
 
     process: Literal["burst"]
-    count: int = Field(ge=1)
+    count: int | None = Field(default=None, ge=1)
     start_s: float = Field(default=0.0, ge=0)
     interval_s: float = Field(default=0.0, ge=0)
+
+
+class ClosedLoopArrivals(_Strict):
+    """`users` people, each sending `turns` requests: a user's next request arrives a think
+    time (exponential, mean `think_s`) after its previous response finished. User k's first
+    request arrives at start_s + k * stagger_s. The think times are seeded; the arrival
+    times follow from the run, as they do for real users."""
+
+    process: Literal["closed_loop"]
+    users: int = Field(ge=1)
+    turns: int = Field(ge=1)
+    think_s: float = Field(ge=0)
+    stagger_s: float = Field(default=0.0, ge=0)
+    start_s: float = Field(default=0.0, ge=0)
+
+
+class TraceArrivals(_Strict):
+    """Arrival times replayed from a file: CSV with a `timestamp_s` column, or JSONL with a
+    `timestamp_s` field per line; optional `prompt_tokens` / `output_tokens` per row
+    override the stream's ranges. Times count from the file's first timestamp."""
+
+    process: Literal["trace"]
+    path: str
+    start_s: float = Field(default=0.0, ge=0)
+    _rows: tuple[dict[str, float], ...] = PrivateAttr(default=())
+
+    @model_validator(mode="after")
+    def _load(self, info: ValidationInfo) -> TraceArrivals:
+        from edgeprefill.runtime.tracefile import read_trace
+
+        self._rows = tuple(read_trace(_resolve(self.path, info)))
+        return self
+
+    @property
+    def rows(self) -> tuple[dict[str, float], ...]:
+        return self._rows
 
 
 class Phase(_Strict):
@@ -70,8 +131,15 @@ class PhasedArrivals(_Strict):
 
 
 Arrivals = Annotated[
-    PoissonArrivals | BurstArrivals | PhasedArrivals, Field(discriminator="process")
+    PoissonArrivals
+    | GammaArrivals
+    | BurstArrivals
+    | PhasedArrivals
+    | ClosedLoopArrivals
+    | TraceArrivals,
+    Field(discriminator="process"),
 ]
+COUNTED = (PoissonArrivals, GammaArrivals, BurstArrivals)
 
 
 class TextPrompt(_Strict):
@@ -92,7 +160,39 @@ class SyntheticPrompt(_Strict):
     tokens: Range
 
 
-Prompt = Annotated[TextPrompt | SyntheticPrompt, Field(discriminator="source")]
+class DocumentsPrompt(_Strict):
+    """Real documents: every file in `folder` matching `patterns`, in name order. Each is
+    split into pieces of at most `chunk_tokens` tokens (template and instruction included):
+    at paragraph breaks (blank lines) where a paragraph fits, at token boundaries inside a
+    paragraph longer than a piece. Nothing is dropped: every token of every document is in
+    exactly one request. One request per piece, so the arrivals take no count."""
+
+    source: Literal["documents"]
+    folder: str
+    patterns: list[str] = Field(default_factory=lambda: ["*.txt", "*.md"], min_length=1)
+    chunk_tokens: int = Field(ge=64)
+    system: str | None = None
+    instruction: str | None = None
+    chat_template: bool = True
+    _files: tuple[Path, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="after")
+    def _find(self, info: ValidationInfo) -> DocumentsPrompt:
+        folder = _resolve(self.folder, info)
+        if not folder.is_dir():
+            raise ValueError(f"document folder {folder} does not exist or is not a folder")
+        files = sorted({p for pat in self.patterns for p in folder.glob(pat) if p.is_file()})
+        if not files:
+            raise ValueError(f"no files matching {', '.join(self.patterns)} in {folder}")
+        self._files = tuple(files)
+        return self
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        return self._files
+
+
+Prompt = Annotated[TextPrompt | SyntheticPrompt | DocumentsPrompt, Field(discriminator="source")]
 
 
 class Sampling(_Strict):
@@ -110,6 +210,24 @@ class Stream(_Strict):
     output_tokens: Range
     ignore_eos: bool = False  # generate exactly the drawn output length
     sampling: Sampling = Sampling()
+
+    @model_validator(mode="after")
+    def _count(self) -> Stream:
+        a = self.arrivals
+        if isinstance(self.prompt, DocumentsPrompt):
+            if not isinstance(a, COUNTED):
+                raise ValueError(
+                    "a documents prompt needs poisson, gamma or burst arrivals (one request "
+                    f"per document piece), not {a.process}"
+                )
+            if a.count is not None:
+                raise ValueError(
+                    "arrivals.count must be left out with a documents prompt: there is one "
+                    "request per document piece"
+                )
+        elif isinstance(a, COUNTED) and a.count is None:
+            raise ValueError(f"arrivals.count is required for {a.process} arrivals")
+        return self
 
 
 class Workload(_Strict):
@@ -136,7 +254,7 @@ def load_workload(path: Path) -> Workload:
     if not isinstance(data, dict):
         raise UserError(f"{path}: a workload is a YAML mapping with name, seed and streams")
     try:
-        return Workload.model_validate(data)
+        return Workload.model_validate(data, context={"base_dir": path.parent})
     except ValidationError as e:
         raise UserError(f"{path}: {describe_error(e, data)}") from None
 
@@ -180,7 +298,8 @@ def describe_error(err: ValidationError, data: Any) -> str:
         key = ctx["discriminator"].strip("'")
         return f"{where}.{key}: unknown {key} '{ctx['tag']}'; allowed: {ctx['expected_tags']}{tail}"
     msg = first["msg"].removeprefix("Value error, ")
-    return f"{where}: {msg} (got {first['input']!r}){tail}"
+    got = "" if isinstance(first["input"], dict) else f" (got {first['input']!r})"
+    return f"{where}: {msg}{got}{tail}"
 
 
 def _unwrap(tp: Any) -> list[Any]:

@@ -15,6 +15,10 @@ from edgeprefill.runtime.workload import BurstArrivals, PoissonArrivals, load_wo
 DEFAULT = Path(__file__).parents[1] / "workloads" / "assistant_plus_indexer.yaml"
 
 
+def times(spec, rng) -> list[float]:
+    return [a.t_s for a in arrival_times(spec, rng)]
+
+
 def write(tmp_path: Path, data) -> Path:
     p = tmp_path / "w.yaml"
     p.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
@@ -56,7 +60,7 @@ def test_default_workload_loads_with_both_classes():
         ),
         (
             lambda d: d["streams"]["assistant"]["arrivals"].update(process="uniform"),
-            "streams.assistant.arrivals.process: unknown process 'uniform'; allowed: 'poisson', 'burst'",
+            "streams.assistant.arrivals.process: unknown process 'uniform'; allowed: 'poisson', 'gamma', 'burst'",
         ),
         (
             lambda d: d["streams"]["assistant"].update({"class": "middle"}),
@@ -109,12 +113,12 @@ def test_token_ranges_accept_a_bare_integer(tmp_path):
 
 def test_arrivals_are_seeded_and_shaped():
     p = PoissonArrivals(process="poisson", rate_per_s=2.0, count=2000, start_s=1.0)
-    a = arrival_times(p, np.random.default_rng(1))
-    assert a == arrival_times(p, np.random.default_rng(1))
+    a = times(p, np.random.default_rng(1))
+    assert a == times(p, np.random.default_rng(1))
     assert a[0] == 1.0 and a == sorted(a)
     assert np.mean(np.diff(a)) == pytest.approx(0.5, rel=0.1)
     b = BurstArrivals(process="burst", count=3, start_s=2.0, interval_s=0.5)
-    assert arrival_times(b, np.random.default_rng(0)) == [2.0, 2.5, 3.0]
+    assert times(b, np.random.default_rng(0)) == [2.0, 2.5, 3.0]
 
 
 def test_phased_arrivals_follow_each_phase_rate():
@@ -130,7 +134,7 @@ def test_phased_arrivals_follow_each_phase_rate():
             ],
         }
     )
-    a = arrival_times(spec, np.random.default_rng(3))
+    a = times(spec, np.random.default_rng(3))
     assert a == sorted(a) and a[0] >= 5.0 and a[-1] < 2005.0
     first = sum(t < 1005.0 for t in a)
     second = len(a) - first

@@ -1,0 +1,69 @@
+"""Arrival trace files: CSV or JSONL rows with a `timestamp_s`, replayed as arrivals.
+
+Optional per-row `prompt_tokens` and `output_tokens` replace the stream's ranges, so a
+production log of (time, input length, output length) replays as it happened.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+FIELDS = ("timestamp_s", "prompt_tokens", "output_tokens")
+
+
+def read_trace(path: Path) -> list[dict[str, float]]:
+    """Rows with `timestamp_s` relative to the first one, in file order (which must be
+    ascending). Raises ValueError naming the file, the row and what is wrong."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ValueError(f"trace file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read trace file {path}: {e}") from None
+    if path.suffix == ".jsonl":
+        raw = []
+        for i, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path} line {i}: not JSON ({e.msg})") from None
+                if not isinstance(obj, dict):
+                    raise ValueError(f"{path} line {i}: expected an object with timestamp_s")
+                raw.append((i, obj))
+    elif path.suffix == ".csv":
+        reader = csv.DictReader(text.splitlines())
+        if reader.fieldnames is None or "timestamp_s" not in reader.fieldnames:
+            raise ValueError(f"{path}: the header must name a timestamp_s column")
+        raw = [(i, row) for i, row in enumerate(reader, 2)]
+    else:
+        raise ValueError(f"trace file {path} must end in .csv or .jsonl")
+    rows: list[dict[str, float]] = []
+    for i, obj in raw:
+        row: dict[str, float] = {}
+        for key in FIELDS:
+            value = obj.get(key)
+            if value in (None, "") and key != "timestamp_s":
+                continue
+            try:
+                number = float(value)  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"{path} line {i}: {key} must be a number, got {value!r}"
+                ) from None
+            if not math.isfinite(number) or number < 0 or (key != "timestamp_s" and number < 1):
+                raise ValueError(f"{path} line {i}: {key} out of range: {value!r}")
+            row[key] = number
+        if rows and row["timestamp_s"] < rows[-1]["timestamp_s"]:
+            raise ValueError(
+                f"{path} line {i}: timestamp_s {row['timestamp_s']} is before the previous "
+                f"row's {rows[-1]['timestamp_s']}; sort the trace by time"
+            )
+        rows.append(row)
+    if not rows:
+        raise ValueError(f"trace file {path} has no rows")
+    t0 = rows[0]["timestamp_s"]
+    return [{**r, "timestamp_s": r["timestamp_s"] - t0} for r in rows]
