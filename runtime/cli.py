@@ -343,6 +343,26 @@ def sweep(
     click.echo(f"sweep: {out / 'sweep.json'}")
 
 
+@cli.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="report folder [default: RUN_DIR/report for one folder, else results/report-TIME]",
+)
+def report(run_dirs: tuple[Path, ...], out: Path | None) -> None:
+    """PNG figures and an HTML page for RUN_DIRS: run folders, or compare/sweep folders
+    (every run in them, with the comparison)."""
+    from edgeprefill.runtime.report import write_report
+
+    if out is None:
+        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+        out = run_dirs[0] / "report" if len(run_dirs) == 1 else Path("results") / f"report-{stamp}"
+    page = write_report(list(run_dirs), out)
+    click.echo(f"report: {page}")
+
+
 def _policy_lists(policies: str, baselines: str | None) -> tuple[list[str], list[str]]:
     from edgeprefill.runtime.policy import parse_policy
 

@@ -214,9 +214,7 @@ def test_the_same_seed_gives_byte_identical_traces(tmp_path):
 
 def test_bundled_workloads_load_and_the_references_match_the_default():
     root = Path(__file__).parents[1] / "workloads"
-    built = {
-        p.stem: build_requests(load_workload(p), SimTokenizer()) for p in root.glob("*.yaml")
-    }
+    built = {p.stem: build_requests(load_workload(p), SimTokenizer()) for p in root.glob("*.yaml")}
     assert {"assistant_plus_indexer", "chat_only", "indexer_only", "ppas_bursty"} <= set(built)
     assert {"dlfp_agent", "many_users_sim", "indexer_folder"} <= set(built)
 
