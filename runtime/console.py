@@ -92,5 +92,25 @@ def format_summary(s: dict[str, Any]) -> str:
         )
         lines.append(f"{'Prefill throughput (tok/s):':<34}{_fmt(c['prefill_tok_s']):>22}")
         lines.append(f"{'Output throughput (tok/s):':<34}{_fmt(c['output_tok_s']):>22}")
+    lines += _energy_lines(s.get("energy"))
     lines.append("=" * WIDTH)
     return "\n".join(lines)
+
+
+def _energy_lines(energy: dict[str, Any] | None) -> list[str]:
+    """Energy per output token with its source, or each device's reason it has none."""
+    if energy is None:
+        return []
+    lines = [f"{' energy ':-^{WIDTH}}"]
+    for device, source in energy["sources"].items():
+        if isinstance(source, str):
+            lines.append(f"{device.upper() + ' source:':<20}{source:>36}")
+        else:
+            lines.append(f"{device.upper() + ':':<20}unavailable ({source['reason']})")
+    whole = energy.get("whole_run")
+    if whole:
+        per = whole["j_per_output_token"]
+        lines.append(f"{'Energy (J):':<34}{_fmt(whole['joules_total']):>22}")
+        for key in ("all", "foreground", "background"):
+            lines.append(f"{'J per output token, ' + key + ':':<34}{_fmt(per[key]):>22}")
+    return lines

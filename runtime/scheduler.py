@@ -34,7 +34,7 @@ class Capacity:
     # Prompt chunk sizes that keep greedy output independent of the budget. A backend whose
     # kernels compute short pieces differently (llama.cpp's CPU attention for 2-7 query rows)
     # sets min_chunk; the scheduler then never plans a chunk, or leaves a remainder, in
-    # [2, min_chunk) unless the budget is too small to progress otherwise.
+    # [2, min_chunk) unless the budget is below min_chunk.
     min_chunk: int = 1
     max_chunk: int | None = None  # most prompt tokens of one request per iteration
 
@@ -176,7 +176,7 @@ class Scheduler:
                 avail, full = min(left, bg_left), left == budget_cap and bg_left == bg_cap
             else:
                 avail, full = left, left == budget_cap
-            n = self._chunk(req.remaining_prompt, avail, full) if avail else 0
+            n = self._chunk(req.remaining_prompt, avail, full, room) if avail else 0
             if n == 0:
                 continue
             if req.status is Status.WAITING:
@@ -187,18 +187,23 @@ class Scheduler:
                 bg_left -= n
         return Plan(budget=budget, decode=decode, prefill=prefill, background_cap=background_cap)
 
-    def _chunk(self, remaining: int, left: int, full: bool) -> int:
+    def _chunk(self, remaining: int, left: int, full: bool, room: int) -> int:
         """The largest chunk within `left` that is neither shorter than `min_chunk` nor
         leaves a shorter remainder, so every piece is computed the same way whatever the
         budget. 0 means wait for a larger leftover; a request given the whole budget
-        always progresses."""
-        cap = min(left, self.capacity.max_chunk or left)
+        always progresses. The last fewer-than-2*min_chunk tokens of a prompt, which no
+        budget below them can split into valid pieces, are taken whole (exceeding the
+        budget by fewer than min_chunk tokens) rather than computed as a short piece."""
+        hard = min(room, self.capacity.max_chunk or room)
+        cap = min(left, hard)
         if remaining <= cap:
             return remaining
         lo = self.capacity.min_chunk
         n = min(cap, remaining - lo)
         if n >= lo:
             return n
+        if full and remaining < 2 * lo and remaining <= hard:
+            return remaining
         return cap if full else 0
 
     def _prefill_order(self) -> Iterator[Request]:

@@ -62,7 +62,7 @@ def test_greedy_output_equals_high_level_llama(make_backend, model_path, monkeyp
         assert req.finish_reason in ("stop", "length")
 
 
-@pytest.mark.parametrize("budget", [64, 512, None], ids=["64", "512", "unlimited"])
+@pytest.mark.parametrize("budget", [8, 64, 512, None], ids=["8", "64", "512", "unlimited"])
 def test_sequences_decoded_together_equal_each_decoded_alone(make_backend, budget):
     be = make_backend(n_seq_max=4, n_batch=1024)  # the four prompts need more than one batch
     tok = be.tokenizer

@@ -190,3 +190,13 @@ def test_a_budget_below_min_chunk_still_makes_progress():
     sched.add(req)
     plan, _, _ = run_plan(sched, 4)
     assert plan.prefill == {"a": 4}
+
+
+def test_a_budget_at_min_chunk_finishes_a_prompt_whole_rather_than_in_a_short_piece():
+    # 12 tokens left under a budget of 8: 8 + 4 would compute a 4-token piece (another
+    # kernel, another greedy output); the 12 go together, 4 over the budget.
+    sched, _ = make_scheduler(min_chunk=8)
+    req = make_request("a", prompt_len=28)
+    sched.add(req)
+    sizes = [dict(run_plan(sched, 8)[0].prefill)["a"] for _ in range(3)]
+    assert sizes == [8, 8, 12]
