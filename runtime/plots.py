@@ -98,6 +98,19 @@ def _latencies(run: RunData, cls: str) -> dict[str, np.ndarray]:
     return {k: np.sort(np.asarray(v)) for k, v in pooled.items()}
 
 
+def _names(runs: list[RunData]) -> str:
+    """Backends, policies, workloads and seeds of several runs, for a figure's title."""
+
+    def joined(values: set[str]) -> str:
+        return ", ".join(sorted(values))
+
+    s = [r.summary for r in runs]
+    backends = {x["backend"]["name"] + (" (SIMULATED)" if x.get("simulated") else "") for x in s}
+    workloads = joined({x["workload"]["name"] for x in s})
+    seeds = joined({str(x.get("seed")) for x in s})
+    return f"{joined(backends)} | {joined({r.policy for r in runs})} | {workloads} | seeds {seeds}"
+
+
 def latency_cdfs(runs: list[RunData], path: Path) -> Path:
     """TTFT, ITL and E2E distributions per class and run: the tail a mean hides."""
     fig = Figure(figsize=(13, 4.6))
@@ -128,9 +141,8 @@ def latency_cdfs(runs: list[RunData], path: Path) -> Path:
         ax.set_ylabel("fraction of samples")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7, loc="lower right")
-    workloads = sorted({r.summary["workload"]["name"] for r in runs})
     fig.suptitle(
-        f"Latency CDFs (solid: foreground, dashed: background) | {', '.join(workloads)}",
+        f"Latency CDFs (solid: foreground, dashed: background) | {_names(runs)}",
         fontsize=11,
     )
     fig.tight_layout()
@@ -165,9 +177,7 @@ def p99_bars(runs: list[RunData], path: Path) -> Path:
         ax.set_ylabel(label)
         ax.set_title(label, fontsize=9)
     axes[0].legend(fontsize=7)
-    seeds = sorted({str(r.summary.get("seed")) for r in runs})
-    workloads = sorted({r.summary["workload"]["name"] for r in runs})
-    fig.suptitle(f"P99 per policy | {', '.join(workloads)} | seeds {', '.join(seeds)}", fontsize=11)
+    fig.suptitle(f"P99 per policy (bar: mean over seeds) | {_names(runs)}", fontsize=11)
     fig.tight_layout()
     return _save(fig, path)
 

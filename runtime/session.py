@@ -7,7 +7,7 @@ single run does.
 from __future__ import annotations
 
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -67,7 +67,8 @@ def run_workload(
         engine = Engine(backend, policy, limits=o.limits, profile=profile)
     except ValueError as e:
         raise UserError(f"--max-background/--foreground-kv: {e}") from None
-    simulated = bool(backend.describe().get("simulated", False))
+    describe = backend.describe()
+    simulated = bool(describe.get("simulated", False))
     if o.thermal is not None and (o.telemetry is None or simulated):
         raise UserError(
             "--thermal-aware needs telemetry from a real device: drop --no-telemetry, "
@@ -77,14 +78,15 @@ def run_workload(
     with ExitStack() as stack:
         writer = stack.enter_context(RunWriter(out))
         (out / "arrivals.jsonl").write_text(format_trace(requests))
+        config = None if simulated else o.telemetry
         sampler = None
-        if o.telemetry is not None and not simulated:
+        if config is not None:
             sampler = stack.enter_context(
                 TelemetrySampler(
-                    default_sensors(o.telemetry.root),
+                    default_sensors(config.root),
                     engine.clock.now,
                     out / "telemetry.jsonl",
-                    o.telemetry.period_s,
+                    config.period_s,
                 )
             )
             if o.thermal is not None:
@@ -94,22 +96,20 @@ def run_workload(
             outcome = run_requests(engine, requests, writer, show)
         except ValueError as e:  # a policy left without the parameters it needs
             raise UserError(str(e)) from None
-        if sampler is not None:
+        if sampler is not None and config is not None:
             sampler.stop()
-            assert o.telemetry is not None
-            telemetry = summarize(sampler, o.telemetry, writer.spans, writer.records)
+            telemetry = summarize(sampler, config, writer.spans, writer.records)
         else:
             why = "simulated backend (virtual clock)" if simulated else "--no-telemetry"
             telemetry = {
                 "telemetry": {"unavailable": why},
                 "energy": energy_summary([], [], [], reasons={"cpu": why, "gpu": why}),
             }
-        describe = backend.describe()
         meta = {
             "backend": describe,
             "simulated": simulated,
             "policy": {**policy.describe(), "spec": policy_spec},
-            "thermal_aware": None if o.thermal is None else vars(o.thermal),
+            "thermal_aware": None if o.thermal is None else asdict(o.thermal),
             "workload": {"name": workload.name, "path": str(workload_path)},
             "seed": workload.seed if seed is None else seed,
             "start_time": started.isoformat(),

@@ -69,6 +69,7 @@ def test_run_writes_results_that_agree_with_each_other(tmp_path):
         "--no-progress",
         "--n-ctx",
         "2048",
+        "--thermal-aware",
     )
     assert res.returncode == 0, res.stderr
     assert "foreground" in res.stdout and "Mean ITL (ms):" in res.stdout
@@ -115,6 +116,10 @@ def test_run_writes_results_that_agree_with_each_other(tmp_path):
         assert "no battery" in tel["sensors"]["battery"]["reason"]
     if energy["whole_run"] is not None:
         assert energy["whole_run"]["joules_total"] > 0
+    assert summary["thermal_aware"]["factor"] == 0.5
+    assert all("thermal" in it["policy"] for it in iterations)  # the decision, per iteration
+    if not tel["sensors"]["cpu_temp"]["available"] and not tel["sensors"]["battery"]["available"]:
+        assert not any(it["policy"]["thermal"]["active"] for it in iterations)
 
 
 def test_a_request_too_long_for_the_context_fails_and_the_run_goes_on(tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import llama_cpp
 import numpy as np
 import pytest
@@ -202,3 +204,16 @@ def test_eight_sequences_decoding_at_once_equal_each_alone(make_backend):
     iterations = drain(Engine(be, UnlimitedPolicy()), together)
     assert max(it.plan.n_decode for it in iterations) == 8
     assert {r.id: r.output for r in together} == alone
+
+
+def test_arrival_traces_are_byte_identical_across_backends(make_backend):
+    from edgeprefill.backends.sim import SimTokenizer
+    from edgeprefill.runtime.trace import build_requests, format_trace
+    from edgeprefill.runtime.workload import load_workload
+
+    root = Path(__file__).parents[1] / "workloads"
+    be = make_backend()
+    for name in ("assistant_plus_indexer", "many_users_sim", "ppas_bursty"):
+        wl = load_workload(root / f"{name}.yaml")
+        real = format_trace(build_requests(wl, be.tokenizer))
+        assert real == format_trace(build_requests(wl, SimTokenizer())), name

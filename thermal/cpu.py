@@ -106,16 +106,16 @@ class CpuFrequencySensor(Sensor):
     def __init__(self, root: Path = Path("/")) -> None:
         self.root = root
         self._paths: list[Path] = []
-        self._live = False
+        self._static: list[float] = []  # read once: parsing /proc/cpuinfo is not free
 
     def open(self) -> SensorStatus:
         self._paths = sorted(
             self.root.glob("sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_cur_freq")
         )
         if self._paths:
-            self._live = True
             return SensorStatus(True, "cpufreq")
-        if self._cpuinfo_mhz():
+        self._static = self._cpuinfo_mhz()
+        if self._static:
             return SensorStatus(True, "proc_cpuinfo_static")
         return SensorStatus.unavailable(
             "no cpufreq driver under /sys/devices/system/cpu and no 'cpu MHz' in /proc/cpuinfo"
@@ -131,11 +131,9 @@ class CpuFrequencySensor(Sensor):
         ]
 
     def read(self, t_s: float) -> dict[str, Any]:
-        if self._live:
-            mhz = [read_int(p) / 1000 for p in self._paths]
-        else:
-            mhz = self._cpuinfo_mhz()
-        return {"mean_mhz": sum(mhz) / len(mhz), "max_mhz": max(mhz), "live": self._live}
+        live = bool(self._paths)
+        mhz = [read_int(p) / 1000 for p in self._paths] if live else self._static
+        return {"mean_mhz": sum(mhz) / len(mhz), "max_mhz": max(mhz), "live": live}
 
 
 class CpuLoadSensor(Sensor):
