@@ -83,7 +83,7 @@ def run_workload(
         if config is not None:
             sampler = stack.enter_context(
                 TelemetrySampler(
-                    default_sensors(config.root),
+                    default_sensors(config),
                     engine.clock.now,
                     out / "telemetry.jsonl",
                     config.period_s,

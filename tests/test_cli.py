@@ -101,7 +101,7 @@ def test_run_writes_results_that_agree_with_each_other(tmp_path):
     # Telemetry beside the run: every sensor available with its source or unavailable with
     # its reason; energy never a silent 0.
     tel = summary["telemetry"]
-    assert set(tel["sensors"]) == {"rapl", "cpu_temp", "cpu_freq", "cpu_load", "battery", "gpu"}
+    assert set(tel["sensors"]) == {"rapl", "cpu_temp", "cpu_freq", "battery", "gpu"}
     for name, sensor in tel["sensors"].items():
         assert sensor["source"], name
         assert sensor["available"] or sensor["reason"], name

@@ -392,3 +392,15 @@ def test_thermal_guard_never_touches_the_foreground():
     its = drain(engine, requests(chats=1, docs=1, doc_len=4000))
     assert its[0].prefill_by_class == {"foreground": 201, "background": 128}
     assert its[0].plan.background_cap == 128
+
+
+def test_cpu_load_is_sampled_only_for_a_declared_tdp(tmp_path):
+    from edgeprefill.thermal.telemetry import TelemetryConfig, default_sensors
+
+    def names(cfg):
+        return {s.name for s in default_sensors(cfg)}
+
+    assert "cpu_load" not in names(TelemetryConfig(root=tmp_path))
+    assert "cpu_load" in names(TelemetryConfig(tdp_w=28.0, root=tmp_path))
+    with pytest.raises(ValueError, match="TDP must be positive"):
+        TelemetryConfig(tdp_w=0)
