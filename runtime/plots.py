@@ -10,12 +10,19 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from edgeprefill.runtime.metrics import completed, request_latencies
 from edgeprefill.runtime.rundata import RunData
 
 DPI = 110
 CLASS_STYLE = {"foreground": "-", "background": "--"}
+
+
+def _plain_log(axis: Any) -> None:
+    """Log scale with plain numbers on the decades and no crowded minor labels."""
+    axis.set_major_formatter(ScalarFormatter())
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -45,6 +52,7 @@ def timeline(run: RunData, path: Path) -> Path:
     if target:
         top.axhline(target, color="tab:red", lw=1, ls=":", label=f"target {target:.0f} ms")
     top.set_yscale("log")
+    _plain_log(top.yaxis)
     top.set_ylabel("ITL (ms, log)")
     top.legend(loc="upper right", fontsize=8)
 
@@ -137,6 +145,7 @@ def latency_cdfs(runs: list[RunData], path: Path) -> Path:
                     label=f"{run.label} {cls}",
                 )
         ax.set_xscale("log")
+        _plain_log(ax.xaxis)
         ax.set_xlabel(xlabel + ", log")
         ax.set_ylabel("fraction of samples")
         ax.grid(alpha=0.3)
@@ -193,7 +202,9 @@ def _telemetry_series(samples: list[dict[str, Any]]) -> dict[str, dict[str, tupl
             out[panel][label] = tuple(np.array(x) for x in zip(*pts, strict=True))
 
     series("CPU", "temperature (°C)", lambda s: s.get("cpu_temp", {}).get("c"))
-    series("CPU mean", "clock (MHz)", lambda s: s.get("cpu_freq", {}).get("mean_mhz"))
+    live = any(s.get("cpu_freq", {}).get("live") for s in samples)
+    clock = "CPU mean" if live else "CPU (static: the platform reports no live clock)"
+    series(clock, "clock (MHz)", lambda s: s.get("cpu_freq", {}).get("mean_mhz"))
     series("CPU load", "CPU load (%)", lambda s: s.get("cpu_load", {}).get("percent"))
     gpus = {g["index"] for s in samples for g in s.get("gpu", {}).get("gpus", [])}
     for idx in sorted(gpus):
