@@ -70,6 +70,8 @@ def test_run_writes_results_that_agree_with_each_other(tmp_path):
         "--n-ctx",
         "2048",
         "--thermal-aware",
+        "--tdp-watts",
+        "30",
     )
     assert res.returncode == 0, res.stderr
     assert "foreground" in res.stdout and "Mean ITL (ms):" in res.stdout
@@ -101,7 +103,7 @@ def test_run_writes_results_that_agree_with_each_other(tmp_path):
     # Telemetry beside the run: every sensor available with its source or unavailable with
     # its reason; energy never a silent 0.
     tel = summary["telemetry"]
-    assert set(tel["sensors"]) == {"rapl", "cpu_temp", "cpu_freq", "battery", "gpu"}
+    assert set(tel["sensors"]) == {"rapl", "cpu_temp", "cpu_freq", "cpu_load", "battery", "gpu"}
     for name, sensor in tel["sensors"].items():
         assert sensor["source"], name
         assert sensor["available"] or sensor["reason"], name
@@ -111,11 +113,12 @@ def test_run_writes_results_that_agree_with_each_other(tmp_path):
     energy = summary["energy"]
     if not Path("/sys/class/powercap").exists():  # this machine: no RAPL, no battery
         assert "no RAPL package domains" in tel["sensors"]["rapl"]["reason"]
-        assert "--tdp-watts" in energy["sources"]["cpu"]["reason"]
+        assert energy["sources"]["cpu"] == "estimated:tdp=30W*cpu_load"  # as asked, labelled
     if not Path("/sys/class/power_supply/BAT0").exists():
         assert "no battery" in tel["sensors"]["battery"]["reason"]
-    if energy["whole_run"] is not None:
-        assert energy["whole_run"]["joules_total"] > 0
+    whole = energy["whole_run"]["j_per_output_token"]
+    assert whole["all"] > 0 and whole["foreground"] > 0 and whole["background"] > 0
+    assert energy["steady_state"]["joules_total"] < energy["whole_run"]["joules_total"]
     assert summary["thermal_aware"]["factor"] == 0.5
     assert all("thermal" in it["policy"] for it in iterations)  # the decision, per iteration
     if not tel["sensors"]["cpu_temp"]["available"] and not tel["sensors"]["battery"]["available"]:

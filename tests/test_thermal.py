@@ -324,6 +324,7 @@ def test_energy_per_class_adds_up_and_names_its_source():
         {"class": "background", "token_times_s": [2.0]},
     ]
     e = energy_summary(samples, spans, reqs)
+    assert json.loads(json.dumps(e)) == e  # goes into summary.json as it is
     assert e["sources"] == {
         "cpu": "rapl:package-0",
         "gpu": {"source": "unavailable", "reason": "no samples"},

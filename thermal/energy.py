@@ -107,7 +107,7 @@ def _window_block(
 def _tokens_out(requests: Sequence[dict[str, Any]], t0: float, t1: float) -> dict[str, int]:
     out = {"foreground": 0, "background": 0}
     for r in requests:
-        out[r["class"]] += sum(t0 <= t <= t1 for t in r["token_times_s"])
+        out[r["class"]] += sum(1 for t in r["token_times_s"] if t0 <= t <= t1)
     return out
 
 
@@ -132,8 +132,8 @@ def energy_summary(
             sources[device] = {"source": "unavailable", "reason": reasons.get(device, "no samples")}
     if not series:
         return {"sources": sources, "whole_run": None, "steady_state": None}
-    t0 = min(s.t_s[0] for s in series.values())
-    t1 = max(s.t_s[-1] for s in series.values())
+    t0 = float(min(s.t_s[0] for s in series.values()))
+    t1 = float(max(s.t_s[-1] for s in series.values()))
     trim = (t1 - t0) * STEADY_TRIM
     steady = (t0 + trim, t1 - trim)
     return {
