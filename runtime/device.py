@@ -73,6 +73,11 @@ def run_options(o: dict[str, Any], progress: bool | None = None) -> Any:
     from edgeprefill.thermal.guard import ThermalSettings
     from edgeprefill.thermal.telemetry import TelemetryConfig
 
+    if o["thermal_aware"] and (not o["telemetry"] or o["backend"] == "sim"):
+        raise UserError(
+            "--thermal-aware needs telemetry from a real device: drop --no-telemetry, and "
+            "use a real backend rather than --backend sim"
+        )
     try:
         telemetry = (
             TelemetryConfig(o["telemetry_period"], o["tdp_watts"]) if o["telemetry"] else None

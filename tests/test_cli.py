@@ -176,6 +176,7 @@ def test_bad_inputs_give_one_line_and_exit_code_2(tmp_path):
         (["--n-batch", "abc"], "'abc' is not a valid integer"),
         (["--thermal-aware", "--thermal-factor", "0"], "thermal factor must be in (0, 1]"),
         (["--telemetry-period", "0"], "telemetry period must be positive"),
+        (["--thermal-aware", "--no-telemetry"], "--thermal-aware needs telemetry"),
     ]
     for extra, *fragments in cases:
         assert_clean_error(
