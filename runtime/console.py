@@ -59,7 +59,8 @@ def _fmt(value: Any) -> str:
 
 
 def format_summary(s: dict[str, Any]) -> str:
-    lines = [f"{' edgeprefill run ':=^{WIDTH}}"]
+    title = " edgeprefill run (SIMULATED) " if s.get("simulated") else " edgeprefill run "
+    lines = [f"{title:=^{WIDTH}}"]
     rows: list[tuple[str, Any]] = [
         ("Backend:", s["backend"]["name"]),
         ("Model:", s["backend"].get("model_description", s["backend"].get("model"))),
