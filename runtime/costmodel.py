@@ -7,9 +7,11 @@
 prompt chunk, each streaming the weights once); `n_sampled` the rows whose logits are
 computed and sampled (each decode, and a chunk that ends its prompt: with a 262k-token
 vocabulary that output projection costs a small model more than a dozen prompt tokens);
-`ctx_work` is the attention work (KV cells attended, summed over tokens). Fitted by non-negative least squares from completed
-iterations: at startup from a short probe, online inside the cadence policy, and offline
-from a run's iterations.jsonl for the simulated backend.
+`ctx_work` is the attention work (KV cells attended, summed over tokens). Fitted by
+non-negative least squares from completed iterations: at startup from a short probe, online
+inside the cadence policy, and offline from a run's iterations.jsonl for the simulated
+backend. (`per_decode_s` keeps its name, from before chunks that end a prompt counted, so
+saved cost models still load: it is the cost of a sampled row.)
 """
 
 from __future__ import annotations
