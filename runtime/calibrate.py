@@ -20,7 +20,7 @@ from edgeprefill.runtime.errors import UserError
 from edgeprefill.runtime.plan import IterationTiming
 from edgeprefill.runtime.prompts import PromptBuilder
 from edgeprefill.runtime.request import SamplingParams
-from edgeprefill.runtime.scheduler import SeqWork
+from edgeprefill.runtime.scheduler import SeqWork, timing_of
 
 # A chat reads comfortably at 10 tokens/s or faster; on a device whose decode step alone is
 # slower than a quarter of that, the target follows the device instead.
@@ -63,18 +63,6 @@ def _target(decode_s: float) -> float:
     return max(READING_TARGET_S, TARGET_DECODE_MULTIPLE * decode_s)
 
 
-def _timing(duration: float, work: list[SeqWork]) -> IterationTiming:
-    decodes = [w for w in work if w.is_decode]
-    return IterationTiming(
-        duration_s=duration,
-        n_decode=len(decodes),
-        n_prefill=sum(len(w.tokens) for w in work if not w.is_decode),
-        n_chunks=sum(not w.is_decode for w in work),
-        ctx_work=sum(w.ctx_work for w in work),
-        n_sampled=sum(w.sample is not None for w in work),
-    )
-
-
 def probe_device(backend: Backend, seed: int = 0) -> DeviceProfile:
     """Time decode steps alone, decodes beside prompt chunks of several sizes, chunks deep
     in a context and two decodes sharing a pass, then fit the cost model (about 5 s on a 2-core CPU)."""
@@ -91,7 +79,7 @@ def probe_device(backend: Backend, seed: int = 0) -> DeviceProfile:
 
     def run(work: list[SeqWork]) -> float:
         result = backend.execute(work)
-        timings.append(_timing(result.duration_s, work))
+        timings.append(timing_of(work, result.duration_s))
         return result.duration_s
 
     chat, doc = 0, min(1, cap.n_seq_max - 1)

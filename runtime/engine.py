@@ -15,7 +15,7 @@ from edgeprefill.runtime.calibrate import DeviceProfile
 from edgeprefill.runtime.plan import IterationTiming, Plan
 from edgeprefill.runtime.policy import BudgetPolicy
 from edgeprefill.runtime.request import Request
-from edgeprefill.runtime.scheduler import BackgroundLimits, Scheduler
+from edgeprefill.runtime.scheduler import BackgroundLimits, Scheduler, timing_of
 from edgeprefill.thermal.guard import ThermalGuard
 
 
@@ -125,16 +125,8 @@ class Engine:
             failed = self.scheduler.fail_plan(plan, str(e))
             timing = IterationTiming(self.clock.now() - t_start, 0, 0, 0, plan.budget)
             return Iteration(t_start, plan, timing, by_class, {}, failed, str(e))
-        timing = IterationTiming(
-            result.duration_s,
-            plan.n_decode,
-            plan.n_prefill,
-            n_fg,
-            plan.budget,
-            n_chunks=sum(not w.is_decode for w in work),
-            ctx_work=sum(w.ctx_work for w in work),
-            n_sampled=sum(w.sample is not None for w in work),
-            host_s=host_s,
+        timing = timing_of(
+            work, result.duration_s, n_decode_foreground=n_fg, budget=plan.budget, host_s=host_s
         )
         self._device_done = self.clock.now()
         self.policy.observe(timing)

@@ -18,6 +18,7 @@ import heapq
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from edgeprefill.runtime.plan import IterationTiming, Plan, SchedState
 from edgeprefill.runtime.request import CLASSES, Request, RequestClass, SamplingParams, Status
@@ -87,6 +88,19 @@ class SeqWork:
         """KV cells its tokens attend to: positions pos+1 .. pos+len, summed."""
         n = len(self.tokens)
         return n * self.pos + n * (n + 1) // 2
+
+
+def timing_of(work: list[SeqWork], duration_s: float, **extra: Any) -> IterationTiming:
+    """A completed iteration's timing, its composition counted from the batch it ran."""
+    return IterationTiming(
+        duration_s=duration_s,
+        n_decode=sum(w.is_decode for w in work),
+        n_prefill=sum(len(w.tokens) for w in work if not w.is_decode),
+        n_chunks=sum(not w.is_decode for w in work),
+        ctx_work=sum(w.ctx_work for w in work),
+        n_sampled=sum(w.sample is not None for w in work),
+        **extra,
+    )
 
 
 class Scheduler:
