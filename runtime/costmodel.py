@@ -17,7 +17,7 @@ saved cost models still load: it is the cost of a sampled row.)
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -33,6 +33,11 @@ def passes(n_decode: int, n_chunks: int) -> int:
 
 def features(t: IterationTiming) -> list[float]:
     return [passes(t.n_decode, t.n_chunks), t.sampled, t.n_prefill, t.ctx_work / 1000.0]
+
+
+def _matrix(timings: Sequence[IterationTiming]) -> tuple[np.ndarray, np.ndarray]:
+    x = np.array([features(t) for t in timings], dtype=float).reshape(-1, 4)
+    return x, np.array([t.duration_s for t in timings], dtype=float)
 
 
 @dataclass(frozen=True)
@@ -74,16 +79,23 @@ class CostModel:
             return int(room / b) if b > 0 else 1 << 30
         return int((-b + math.sqrt(b * b + 4 * a * room)) / (2 * a))
 
+    @property
+    def coef(self) -> np.ndarray:
+        return np.array([self.per_pass_s, self.per_decode_s, self.per_prefill_s, self.per_kctx_s])
+
+    def residuals(self, timings: Sequence[IterationTiming]) -> np.ndarray:
+        """Measured minus predicted duration of each iteration, in seconds."""
+        x, y = _matrix(timings)
+        return y - x @ self.coef
+
     @classmethod
-    def fit(cls, timings: Iterable[IterationTiming]) -> CostModel:
-        rows = [(features(t), t.duration_s) for t in timings]
-        if len(rows) < 4:
-            raise ValueError(f"need at least 4 iterations to fit a cost model, got {len(rows)}")
-        x = np.array([r[0] for r in rows])
-        y = np.array([r[1] for r in rows])
+    def fit(cls, timings: Sequence[IterationTiming]) -> CostModel:
+        if len(timings) < 4:
+            raise ValueError(f"need at least 4 iterations to fit a cost model, got {len(timings)}")
+        x, y = _matrix(timings)
         coef, _ = nnls(x, y)
-        rmse = float(np.sqrt(np.mean((x @ coef - y) ** 2)))
-        return cls(*map(float, coef), n_samples=len(rows), rmse_s=rmse)
+        rmse = float(np.sqrt(np.mean((y - x @ coef) ** 2)))
+        return cls(*map(float, coef), n_samples=len(timings), rmse_s=rmse)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -172,20 +172,26 @@ def test_every_policy_parses_from_the_command_line():
         assert parse_policy(spec).name == spec.split(":")[0]
 
 
-def test_cadence_keeps_the_tail_under_target_on_a_noisy_device():
+def test_cadence_keeps_its_tail_percentile_under_target_on_a_noisy_device():
     # 15% multiplicative noise the model cannot explain: the margin learned from its errors
-    # must keep most foreground iterations under the target, not just the average.
-    p = CadencePolicy(itl_ms=150)
-    p.calibrate(profile())
-    backend = SimBackend(COST, CAP, noise=0.15, seed=1)
-    iterations = drain(Engine(backend, p), requests(chats=2, docs=2, chat_out=300))
-    mixed = [
-        it.timing.duration_s
-        for it in iterations
-        if it.timing.n_decode_foreground and it.plan.n_prefill
-    ][30:]
-    assert np.percentile(mixed, 90) <= 0.150
-    assert p.margin_s > 0.005
+    # must keep tail_pct percent of foreground iterations under the target, not just the
+    # average, and a looser tail must buy the background more of the room.
+    means = {}
+    for tail in (99.0, 90.0):
+        p = CadencePolicy(itl_ms=150, tail_pct=tail)
+        p.calibrate(profile())
+        backend = SimBackend(COST, CAP, noise=0.15, seed=1)
+        iterations = drain(Engine(backend, p), requests(chats=2, docs=2, chat_out=400))
+        mixed = [
+            it.timing.duration_s
+            for it in iterations
+            if it.timing.n_decode_foreground and it.plan.n_prefill
+        ][30:]
+        assert len(mixed) > 300
+        assert np.percentile(mixed, tail) <= 0.150
+        assert p.margin_s > 0.005
+        means[tail] = np.mean(mixed)
+    assert means[90.0] > means[99.0] * 1.05
 
 
 def test_cadence_prices_the_end_of_a_prompt():
