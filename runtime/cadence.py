@@ -14,9 +14,9 @@ user would measure) should stay under it. What the model cannot know, a shared m
 jitter and its own misfit, is taken off the target as a margin: the `tail_pct` percentile of
 the current model's errors on the recent iterations that held foreground decodes beside a
 prompt chunk (errors of the model in use, so a model corrected early in a run does not keep
-paying for its first guesses). So is the host's own time
-between device calls, which a foreground token waits for too: the target is a gap between
-tokens the user sees, not a device time.
+paying for its first guesses). So is the host's own time between device calls, which a
+foreground token waits for too: the target is a gap between tokens the user sees, not a
+device time.
 
 Why the tail and not the mean: on a CPU an iteration beside a decode costs a fixed part
 (passes, sampled rows) plus ~2-4 ms per prompt token, so background throughput is set by the

@@ -156,7 +156,7 @@ def device_options(f: Callable[..., Any]) -> Callable[..., Any]:
     default="static:64",
     show_default=True,
     help="prefill budget policy: static:N, unlimited, ppas[:nth=,bmax=,bcap=], "
-    "dlfp[:target_ms=,...], cadence[:itl_ms=]",
+    "dlfp[:target_ms=,...], cadence[:itl_ms=,tail_pct=]",
 )
 @click.option(
     "--out",
