@@ -22,7 +22,8 @@ Why the tail and not the mean: on a CPU an iteration beside a decode costs a fix
 (passes, sampled rows) plus ~2-4 ms per prompt token, so background throughput is set by the
 mean iteration time whichever policy chose it, while the P99 a person feels is set by how
 far iterations scatter above that mean. Predicting each iteration scatters them less than
-DLFP's proportional steps; spending that on the tail gives a lower P99 at the same mean.
+DLFP's proportional steps; spending that on the tail gives a lower P99 at the same
+throughput (RESULTS.md, section 0).
 """
 
 from __future__ import annotations
