@@ -115,6 +115,7 @@ class SimBackend(Backend):
             "n_ctx_seq": c.n_ctx_seq,
             "n_seq_max": c.n_seq_max,
             "min_chunk": c.min_chunk,
+            "chunk_quantum": c.chunk_quantum,
         }
 
     def close(self) -> None:

@@ -41,6 +41,7 @@ class DeviceProfile:
     min_chunk: int
     source: str  # "probe" or the run folder it was fitted from
     timings: list[IterationTiming] = field(default_factory=list, repr=False)
+    chunk_quantum: int = 1  # prompt pieces other than a prompt's last are multiples of it
 
     def chunk_for(self, target_s: float | None = None) -> int:
         """The prompt chunk predicted to keep one decode's iteration at the target."""
@@ -123,6 +124,7 @@ def probe_device(backend: Backend, seed: int = 0) -> DeviceProfile:
         cap.min_chunk,
         "probe",
         timings,
+        cap.chunk_quantum,
     )
 
 
@@ -157,6 +159,7 @@ def profile_from_run(run_dir: Path) -> DeviceProfile:
         backend.get("min_chunk", 1),
         str(run_dir),
         timings,
+        backend.get("chunk_quantum", 1),
     )
 
 
@@ -167,6 +170,7 @@ def save_profile(profile: DeviceProfile, path: Path) -> None:
                 **profile.describe(),
                 "n_batch": profile.n_batch,
                 "min_chunk": profile.min_chunk,
+                "chunk_quantum": profile.chunk_quantum,
                 "decode_s": profile.decode_s,
             },
             indent=2,
@@ -185,6 +189,7 @@ def load_profile(path: Path) -> DeviceProfile:
             d["n_batch"],
             d["min_chunk"],
             str(path),
+            chunk_quantum=d.get("chunk_quantum", 1),
         )
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UserError(

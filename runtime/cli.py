@@ -6,6 +6,7 @@ Bad input of any kind ends in one line on stderr and exit code 2, never a traceb
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -23,8 +24,9 @@ def cli() -> None:
     """Interleave foreground chat and background document prefill on one local model."""
 
 
-def device_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """The backend and device options `run` and `compare` share."""
+def device_options(batching: str = "auto") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The backend and device options `run`, `compare` and `sweep` share; `batching` is
+    the command's default batching mode."""
     options = [
         click.option(
             "--backend",
@@ -73,10 +75,38 @@ def device_options(f: Callable[..., Any]) -> Callable[..., Any]:
             help="most tokens in one iteration",
         ),
         click.option(
+            "--batching",
+            type=click.Choice(["auto", "exact", "fast"]),
+            default=batching,
+            show_default=True,
+            help="exact: only batch shapes the device probe measured bit-identical to "
+            "decoding each sequence alone; fast: the fastest shapes it measured; auto: exact "
+            "where that costs under 3%% on this CPU, else fast",
+        ),
+        click.option(
             "--n-ubatch",
             type=int,
             default=None,
-            help="most tokens llama.cpp computes in one graph [default: --n-batch]",
+            help="most tokens llama.cpp computes in one graph [default: the device probe's "
+            "fastest]",
+        ),
+        click.option(
+            "--flash-attn/--no-flash-attn",
+            default=None,
+            help="llama.cpp's flash attention [default: the device probe's choice]",
+        ),
+        click.option(
+            "--max-decode-group",
+            type=int,
+            default=None,
+            help="most decode tokens in one llama_decode pass [default: exact batching: the "
+            "largest group the device probe measured bit-identical; fast: all]",
+        ),
+        click.option(
+            "--reprobe",
+            is_flag=True,
+            default=False,
+            help="measure the device probe again instead of reading it from the cache",
         ),
         click.option(
             "--n-seq-max", type=int, default=8, show_default=True, help="sequences decoded together"
@@ -145,7 +175,11 @@ def device_options(f: Callable[..., Any]) -> Callable[..., Any]:
             help="whether running on battery counts for --thermal-aware",
         ),
     ]
-    return functools.reduce(lambda g, opt: opt(g), reversed(options), f)
+
+    def apply(f: Callable[..., Any]) -> Callable[..., Any]:
+        return functools.reduce(lambda g, opt: opt(g), reversed(options), f)
+
+    return apply
 
 
 @cli.command()
@@ -165,7 +199,7 @@ def device_options(f: Callable[..., Any]) -> Callable[..., Any]:
     help="results folder [default: results/WORKLOAD-POLICY-TIME]",
 )
 @click.option("--seed", type=int, default=None, help="override the workload's seed")
-@device_options
+@device_options()
 def run(workload: Path, policy_spec: str, out: Path | None, seed: int | None, **o: Any) -> None:
     """Run WORKLOAD (a YAML file) and write summary.json, requests.jsonl, iterations.jsonl."""
     from edgeprefill.runtime.console import format_summary
@@ -250,7 +284,7 @@ def calibrate(run_dir: Path, out: Path | None) -> None:
     default=None,
     help="folder for every run and comparison.json [default: results/compare-TIME]",
 )
-@device_options
+@device_options(batching="exact")
 def compare(
     workload: Path, policies: str, baselines: str | None, seeds: int, out: Path | None, **o: Any
 ) -> None:
@@ -297,7 +331,7 @@ def compare(
 @click.option(
     "--out", type=click.Path(path_type=Path), default=None, help="[default: results/sweep-TIME]"
 )
-@device_options
+@device_options(batching="exact")
 def sweep(
     workload: Path,
     burst_rates: str,
@@ -383,6 +417,10 @@ def _policy_lists(policies: str, baselines: str | None) -> tuple[list[str], list
 
 
 def main() -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("edgeprefill: %(message)s"))
+    logging.getLogger("edgeprefill").addHandler(handler)
+    logging.getLogger("edgeprefill").setLevel(logging.INFO)
     try:
         cli.main(standalone_mode=False)
     except UserError as e:

@@ -37,6 +37,7 @@ def open_device(o: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
                 o["n_ctx"],
                 profile.min_chunk,
                 o["n_ubatch"] or o["n_batch"],
+                profile.chunk_quantum,
             )
         except ValueError as e:
             raise UserError(str(e)) from None
@@ -50,10 +51,14 @@ def open_device(o: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
         model=o["model"] if o["model"] is not None else default_model_path(),
         n_ctx=o["n_ctx"],
         n_batch=o["n_batch"],
-        n_ubatch=o["n_ubatch"],
         n_seq_max=o["n_seq_max"],
         n_threads=o["threads"],
         kv_unified=o["kv_unified"],
+        batching=o["batching"],
+        n_ubatch=o["n_ubatch"],
+        flash_attn=o["flash_attn"],
+        max_decode_group=o["max_decode_group"],
+        refresh_probe=o["reprobe"],
     )
     with LlamaCppBackend(config) as be:
         calibration = o["calibration"]

@@ -33,14 +33,18 @@ class Capacity:
     n_seq_max: int  # sequences at once
     n_ctx_seq: int  # KV cells one sequence may hold (n_ctx when the pool is shared)
     # Prompt chunk sizes that keep greedy output independent of the budget. A backend whose
-    # kernels compute short pieces differently (llama.cpp's CPU attention for 2-7 query rows)
-    # sets min_chunk; the scheduler then never plans a chunk, or leaves a remainder, in
-    # [2, min_chunk) unless the budget is below min_chunk.
+    # kernels compute some piece sizes differently (ggml's CPU attention for short pieces,
+    # its repacked matmuls for rows beyond a multiple of four) sets these from what it
+    # measured; the scheduler then never plans a chunk, nor leaves a remainder, shorter
+    # than min_chunk, and cuts a prompt only at multiples of chunk_quantum (a prompt's last
+    # piece may have any size), unless the budget itself is below min_chunk.
     min_chunk: int = 1
     max_chunk: int | None = None  # most prompt tokens of one request per iteration
+    chunk_quantum: int = 1
 
     def __post_init__(self) -> None:
-        if min(self.n_batch, self.n_ctx, self.n_seq_max, self.n_ctx_seq, self.min_chunk) < 1:
+        values = (self.n_batch, self.n_ctx, self.n_seq_max, self.n_ctx_seq, self.min_chunk)
+        if min(*values, self.chunk_quantum) < 1:
             raise ValueError(f"capacity values must be positive: {self}")
 
 
@@ -202,21 +206,22 @@ class Scheduler:
         return Plan(budget=budget, decode=decode, prefill=prefill, background_cap=background_cap)
 
     def _chunk(self, remaining: int, left: int, full: bool, room: int) -> int:
-        """The largest chunk within `left` that is neither shorter than `min_chunk` nor
-        leaves a shorter remainder, so every piece is computed the same way whatever the
-        budget. 0 means wait for a larger leftover; a request given the whole budget
-        always progresses. The last fewer-than-2*min_chunk tokens of a prompt, which no
-        budget below them can split into valid pieces, are taken whole (exceeding the
-        budget by fewer than min_chunk tokens) rather than computed as a short piece."""
+        """The largest chunk within `left` that is a multiple of `chunk_quantum`, not
+        shorter than `min_chunk`, and leaves no shorter remainder, so every piece is
+        computed the same way whatever the budget. 0 means wait for a larger leftover; a
+        request given the whole budget always progresses. The last tokens of a prompt that
+        no budget below them can cut into valid pieces are taken whole (exceeding the
+        budget by less than two pieces' minimum) rather than computed as a short piece."""
         hard = min(room, self.capacity.max_chunk or room)
         cap = min(left, hard)
         if remaining <= cap:
             return remaining
-        lo = self.capacity.min_chunk
-        n = min(cap, remaining - lo)
+        lo, q = self.capacity.min_chunk, self.capacity.chunk_quantum
+        n = min(cap, remaining - lo) // q * q
         if n >= lo:
             return n
-        if full and remaining < 2 * lo and remaining <= hard:
+        shortest = -(-lo // q) * q  # the shortest piece that is not a prompt's last
+        if full and remaining - lo < shortest and remaining <= hard:
             return remaining
         return cap if full else 0
 

@@ -1,13 +1,29 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
 from edgeprefill.backends.llamacpp.model_file import default_model_path
+from edgeprefill.backends.llamacpp.probe_cache import CACHE_ENV
 from edgeprefill.runtime.engine import Engine, Iteration
 from edgeprefill.runtime.request import Request
+
+
+@pytest.fixture(scope="session", autouse=True)
+def probe_cache(tmp_path_factory) -> Path:
+    """One device probe per test session, measured on this machine (the suite checks the
+    probe, so it must not read a file an earlier run left); subprocesses inherit it."""
+    folder = tmp_path_factory.mktemp("cache")
+    old = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(folder)
+    yield folder
+    if old is None:
+        os.environ.pop(CACHE_ENV, None)
+    else:
+        os.environ[CACHE_ENV] = old
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +39,7 @@ def make_backend(model_path):
 
     def make(**kw) -> LlamaCppBackend:
         kw.setdefault("n_ctx", 4096)
+        kw.setdefault("batching", "exact")  # outputs compared against decoding alone
         be = LlamaCppBackend(LlamaCppConfig(model=model_path, **kw))
         made.append(be)
         return be

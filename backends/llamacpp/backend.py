@@ -17,22 +17,14 @@ from typing import Any
 from edgeprefill.backends.base import Backend, BackendError, StepResult
 from edgeprefill.backends.llamacpp.model_file import check_model_file
 from edgeprefill.backends.llamacpp.native import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler
+from edgeprefill.backends.llamacpp.probe_cache import probe
+from edgeprefill.backends.llamacpp.shapes import Batching, Overrides, choose_settings
 from edgeprefill.backends.llamacpp.tokenizer import LlamaTokenizer
 from edgeprefill.runtime.errors import UserError
 from edgeprefill.runtime.request import SamplingParams
 from edgeprefill.runtime.scheduler import Capacity, SeqWork
 
 LLAMA_MAX_SEQ = 256  # llama.h: sequences one context can hold
-
-# ggml's CPU attention (f16 KV, flash attention off) computes a prompt piece of 2-7 tokens
-# with other kernels than a piece of 8 or more, and a lone prompt token deep in a context
-# differently again; measured here, either moved logits by up to ~0.8 and changed greedy
-# output. Pieces of 8+ tokens gave bit-identical logits however a prompt was cut.
-MIN_INVARIANT_CHUNK = 8
-# Likewise the weight matmuls for 8 or more decode rows in one ubatch: with eight sequences
-# decoding together, rows 4-7 moved logits by up to 1.2; groups of up to seven rows were
-# bit-identical to decoding each sequence alone. Larger decode groups are split.
-MAX_INVARIANT_DECODE_GROUP = 7
 
 
 def default_threads() -> int:
@@ -47,18 +39,35 @@ class LlamaCppConfig:
     model: Path
     n_ctx: int = 16384  # KV cells per sequence; at most the model's trained context
     n_batch: int = 2048  # llama-server's default: the most tokens one iteration can hold
-    n_ubatch: int | None = None  # None: n_batch, so llama.cpp never splits a prompt chunk
     n_seq_max: int = 8
     n_threads: int = 0  # 0: physical cores
     kv_unified: bool = False  # one pool of n_ctx cells shared by all sequences
+    # exact: only batch shapes the device probe found bit-identical to decoding each
+    # sequence alone (paired comparisons need it); fast: the fastest shapes it found;
+    # auto: exact where that costs under 3% on this CPU, else fast.
+    batching: Batching = "auto"
+    # Each of these replaces what the probe would choose (None: the probe's choice).
+    n_ubatch: int | None = None
+    flash_attn: bool | None = None
+    max_decode_group: int | None = None
+    probe_cache: Path | None = None  # None: the user's cache folder
+    refresh_probe: bool = False  # measure again even when a cached result exists
 
     def __post_init__(self) -> None:
         checks = [
             (self.n_ctx >= 1, f"--n-ctx must be at least 1, got {self.n_ctx}"),
             (self.n_batch >= 1, f"--n-batch must be at least 1, got {self.n_batch}"),
             (
-                1 <= self.ubatch <= self.n_batch,
-                f"--n-ubatch must be between 1 and --n-batch ({self.n_batch}), got {self.ubatch}",
+                self.n_ubatch is None or 1 <= self.n_ubatch <= self.n_batch,
+                f"--n-ubatch must be between 1 and --n-batch ({self.n_batch}), got {self.n_ubatch}",
+            ),
+            (
+                self.max_decode_group is None or self.max_decode_group >= 1,
+                f"--max-decode-group must be at least 1, got {self.max_decode_group}",
+            ),
+            (
+                self.batching in ("auto", "exact", "fast"),
+                f"batching must be auto, exact or fast, got {self.batching!r}",
             ),
             (
                 1 <= self.n_seq_max <= min(LLAMA_MAX_SEQ, self.n_batch),
@@ -72,8 +81,8 @@ class LlamaCppConfig:
                 raise UserError(message)
 
     @property
-    def ubatch(self) -> int:
-        return self.n_batch if self.n_ubatch is None else self.n_ubatch
+    def overrides(self) -> Overrides:
+        return Overrides(self.flash_attn, self.n_ubatch, self.max_decode_group)
 
 
 class LlamaCppBackend(Backend):
@@ -98,16 +107,32 @@ class LlamaCppBackend(Backend):
                     f"({self.model.n_ctx_train}); pass --n-ctx {self.model.n_ctx_train} or less"
                 )
             self.n_threads = config.n_threads or default_threads()
+            self.probe = probe(
+                self.model,
+                path,
+                n_threads=self.n_threads,
+                kv_unified=config.kv_unified,
+                refresh=config.refresh_probe,
+                folder=config.probe_cache,
+            )
+            self.settings = choose_settings(
+                self.probe.facts,
+                config.batching,
+                n_seq_max=config.n_seq_max,
+                n_batch=config.n_batch,
+                overrides=config.overrides,
+            )
             self.ctx = self._stack.enter_context(
                 closing(
                     LlamaContext(
                         self.model,
                         n_ctx=config.n_ctx,
                         n_batch=config.n_batch,
-                        n_ubatch=config.ubatch,
+                        n_ubatch=self.settings.n_ubatch,
                         n_seq_max=config.n_seq_max,
                         n_threads=self.n_threads,
                         kv_unified=config.kv_unified,
+                        flash_attn=self.settings.flash_attn,
                     )
                 )
             )
@@ -121,23 +146,24 @@ class LlamaCppBackend(Backend):
             n_ctx=self.ctx.n_ctx,
             n_seq_max=config.n_seq_max,
             n_ctx_seq=self.ctx.n_ctx_seq,
-            min_chunk=MIN_INVARIANT_CHUNK,
-            max_chunk=config.ubatch,
+            min_chunk=self.settings.min_chunk,
+            max_chunk=self.settings.max_chunk,
+            chunk_quantum=self.settings.chunk_quantum,
         )
         self.tokenizer = LlamaTokenizer(self.model)
 
     def execute(self, work: Sequence[SeqWork]) -> StepResult:
-        """One batch, decoded as groups: the decode tokens (at most
-        MAX_INVARIANT_DECODE_GROUP to a group), then one group per prompt chunk.
+        """One batch, decoded as groups: the decode tokens (in exact batching at most the
+        probe's largest bit-identical group to a pass), then one group per prompt chunk.
 
         With a KV stream per sequence llama.cpp splits a batch into runs of consecutive
         sequence ids with equal token counts, which would compute a chunk's first token
-        beside the decodes, alone, deep in its context: a different kernel, a different
-        greedy output (see MIN_INVARIANT_CHUNK). The groups are the ubatches llama.cpp would
-        have run anyway, plus one pass when eight or more sequences decode at once."""
+        beside the decodes, alone, deep in its context: a one-row piece, computed by other
+        kernels than the same token in its chunk. The groups are the ubatches llama.cpp
+        would have run anyway, plus the passes that splitting decode groups adds."""
         decodes = sorted((w for w in work if w.is_decode), key=lambda w: w.seq_id)
         chunks = [w for w in work if not w.is_decode]
-        step = MAX_INVARIANT_DECODE_GROUP
+        step = self.settings.max_decode_group or max(len(decodes), 1)
         groups = [decodes[i : i + step] for i in range(0, len(decodes), step)]
         groups += [[c] for c in chunks]
         self.batch.fill([w for g in groups for w in g])
@@ -188,14 +214,17 @@ class LlamaCppBackend(Backend):
             "n_ctx_seq": self.capacity.n_ctx_seq,
             "n_ctx_train": self.model.n_ctx_train,
             "n_batch": c.n_batch,
-            "n_ubatch": c.ubatch,
+            "n_ubatch": self.settings.n_ubatch,
             "n_seq_max": c.n_seq_max,
             "min_chunk": self.capacity.min_chunk,
+            "chunk_quantum": self.capacity.chunk_quantum,
             "n_threads": self.n_threads,
             "kv_unified": c.kv_unified,
             "swa_full": False,
             "weights_repacked": self.model.repacked,
             "timing": "perf_counter around synchronous llama_decode",
+            "batching": self.settings.describe(),
+            "probe": self.probe.describe(),
         }
 
     def _close_samplers(self) -> None:

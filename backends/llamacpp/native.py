@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import llama_cpp as lc
+import numpy as np
 
 from edgeprefill.runtime.request import SamplingParams
 from edgeprefill.runtime.scheduler import SeqWork
@@ -100,6 +101,7 @@ class LlamaContext:
         n_seq_max: int,
         n_threads: int,
         kv_unified: bool = False,
+        flash_attn: bool = False,
     ) -> None:
         params = lc.llama_context_default_params()
         params.n_ctx = n_ctx if kv_unified else n_ctx * n_seq_max
@@ -112,10 +114,11 @@ class LlamaContext:
         # Keep only the sliding window in sliding-window layers (Gemma 3): a full-size SWA
         # cache makes every layer attend over every resident document (~20% slower here).
         params.swa_full = False
-        # Flash attention off: on the CPU its result depends on how many query rows share a
-        # call (a 150-token prompt prefilled in 64-token chunks moved a logit by ~0.9 here),
-        # so greedy output would depend on the prefill budget; it was no faster here either.
-        params.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        # Whether flash attention is used, and the micro-batch size, change both speed and
+        # which batch shapes give bit-identical logits: the device probe measures both.
+        params.flash_attn_type = (
+            lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
         params.no_perf = True
         self.ptr = lc.llama_init_from_model(model.ptr, params)
         if not self.ptr:
@@ -126,13 +129,22 @@ class LlamaContext:
         self.memory = lc.llama_get_memory(self.ptr)
         self.n_ctx = lc.llama_n_ctx(self.ptr)  # all sequences together
         self.n_ctx_seq = lc.llama_n_ctx_seq(self.ptr)
+        self.n_vocab = lc.llama_vocab_n_tokens(model.vocab)
 
     def decode(self, batch: lc.llama_batch) -> int:
         """0 ok, 1 no KV slot, 2 aborted, < 0 error (llama.h)."""
         return lc.llama_decode(self.ptr, batch)
 
-    def seq_rm(self, seq_id: int) -> None:
-        lc.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
+    def logits(self, batch_index: int) -> np.ndarray:
+        """A copy of the logits row computed for a batch index of the last decode."""
+        row = lc.llama_get_logits_ith(self.ptr, batch_index)
+        if not row:
+            raise RuntimeError(f"no logits were computed for batch index {batch_index}")
+        return np.ctypeslib.as_array(row, shape=(self.n_vocab,)).copy()
+
+    def seq_rm(self, seq_id: int, from_pos: int = -1) -> None:
+        """Drop a sequence's cells from `from_pos` on (-1: all of them)."""
+        lc.llama_memory_seq_rm(self.memory, seq_id, from_pos, -1)
 
     def seq_pos_max(self, seq_id: int) -> int:
         """The highest position held for `seq_id`, or -1 when it holds no cells."""

@@ -1,0 +1,161 @@
+"""The device probe's results, kept in the user's cache folder per CPU, llama.cpp build,
+model and thread count, so the probe runs once per machine setup and not once per run.
+
+A file that cannot be read, or that was written for another key or format, is measured
+again (with a warning), never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import llama_cpp as lc
+import platformdirs
+
+from edgeprefill.backends.llamacpp.native import LlamaModel
+from edgeprefill.backends.llamacpp.probe import measure
+from edgeprefill.backends.llamacpp.shapes import AttentionFacts
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1  # bump when what the probe measures changes: older files are measured again
+CACHE_ENV = "EDGEPREFILL_CACHE_DIR"
+
+
+def cache_dir() -> Path:
+    """$EDGEPREFILL_CACHE_DIR, else the platform's user cache folder (~/.cache/edgeprefill
+    on Linux)."""
+    return Path(os.environ.get(CACHE_ENV) or platformdirs.user_cache_path("edgeprefill"))
+
+
+def _cpu() -> tuple[str, str]:
+    """(model name, instruction-set flags) of this CPU."""
+    name, flags = platform.processor() or platform.machine(), ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "Hardware") and name in ("", platform.machine()):
+                name = value.strip()
+            elif key in ("flags", "Features") and not flags:
+                flags = " ".join(sorted(value.split()))
+    except OSError:
+        pass
+    return name, flags
+
+
+def model_identity(path: Path) -> str:
+    """Size plus a hash of the file's first and last MiB: tells model files apart without
+    reading all of them."""
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with path.open("rb") as f:
+        h.update(f.read(1 << 20))
+        f.seek(max(0, size - (1 << 20)))
+        h.update(f.read())
+    return f"{size}:{h.hexdigest()[:16]}"
+
+
+def probe_key(model: LlamaModel, path: Path, n_threads: int, kv_unified: bool) -> dict[str, Any]:
+    cpu, flags = _cpu()
+    return {
+        "format": FORMAT,
+        "cpu": cpu,
+        "cpu_flags": hashlib.sha256(flags.encode()).hexdigest()[:16],
+        "llama_cpp": lc.__version__,
+        "ggml_features": lc.llama_print_system_info().decode(errors="replace").strip(),
+        "model": model_identity(path),
+        "n_threads": n_threads,
+        "kv_unified": kv_unified,
+        "weights_repacked": model.repacked,
+    }
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    facts: list[AttentionFacts]
+    key: dict[str, Any]
+    source: str  # "measured" (now) or "cache"
+    path: Path
+    seconds: float  # how long the measurement took (when it was made)
+    measured_at: str
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "path": str(self.path),
+            "measured_at": self.measured_at,
+            "seconds": round(self.seconds, 1),
+            "key": self.key,
+            "facts": [f.to_dict() for f in self.facts],
+        }
+
+
+def probe(
+    model: LlamaModel,
+    path: Path,
+    *,
+    n_threads: int,
+    kv_unified: bool,
+    refresh: bool = False,
+    folder: Path | None = None,
+) -> ProbeResult:
+    """The cached facts for this setup, or measure them now and cache them."""
+    key = probe_key(model, path, n_threads, kv_unified)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    file = (folder or cache_dir()) / "probes" / f"{digest}.json"
+    if not refresh and file.exists():
+        cached = _read(file, key)
+        if cached is not None:
+            return cached
+    log.info(
+        "measuring this CPU's batch shapes once for this model and %d threads "
+        "(about 15-40 s); the result is kept in %s",
+        n_threads,
+        file.parent,
+    )
+    t0 = time.perf_counter()
+    facts = measure(model, n_threads=n_threads, kv_unified=kv_unified)
+    result = ProbeResult(
+        facts, key, "measured", file, time.perf_counter() - t0, datetime.now(UTC).isoformat()
+    )
+    _write(file, result)
+    return result
+
+
+def _read(file: Path, key: dict[str, Any]) -> ProbeResult | None:
+    try:
+        d = json.loads(file.read_text())
+        if d["key"] != key:
+            raise ValueError("written for another setup")
+        return ProbeResult(
+            [AttentionFacts.from_dict(f) for f in d["facts"]],
+            key,
+            "cache",
+            file,
+            float(d["seconds"]),
+            str(d["measured_at"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("ignoring the device probe file %s (%s); measuring again", file, e)
+        return None
+
+
+def _write(file: Path, result: ProbeResult) -> None:
+    """Best effort: an unwritable cache folder costs a probe next time, not this run."""
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result.describe(), indent=1) + "\n")
+        tmp.replace(file)
+    except OSError as e:
+        log.warning("could not keep the device probe in %s (%s)", file, e)

@@ -1,0 +1,261 @@
+"""Batch shapes for the CPU at hand: what the device probe measured, and the settings chosen
+from it.
+
+ggml picks its CPU kernels by shape, and which kernel computes a row changes its rounding:
+with repacked Q4_K weights a matmul computes rows in blocks of four with one kernel and the
+rest with another, and attention computes short query pieces differently from long ones.
+Which shapes are affected differs between instruction sets (an AVX-512 Xeon without
+repacking: decode groups up to 7 and prompt pieces of 8+ were bit-identical; a Zen 5 EPYC
+with repacking: groups up to 3 and pieces in multiples of 4). So nothing here is a constant:
+`AttentionFacts` holds what the probe measured for one flash-attention setting, and
+`choose_settings` turns the facts into the settings a run uses, with its reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+Mode = Literal["exact", "fast"]
+Batching = Literal["auto", "exact", "fast"]
+
+# `auto` batches exactly when that costs less than this on the CPU at hand.
+EXACT_COST_LIMIT = 0.03
+# A piece rule needs this many passing sizes in a row to count as measured, so that one
+# lucky size (rounding can agree by chance) does not become a rule.
+MIN_PASSING_PIECES = 3
+
+
+@dataclass(frozen=True)
+class AttentionFacts:
+    """Measured with one flash-attention setting on this CPU, llama.cpp build, model and
+    thread count."""
+
+    flash_attn: bool
+    decode_group_ok: dict[int, bool]  # g decode rows in one pass == each decoded alone
+    piece_ok: dict[int, bool]  # prompt pieces of this size == the prompt in one piece
+    tail_ok: bool  # a prompt's last piece may have any size
+    decode_step_s: dict[int, float]  # g decode rows in one pass -> seconds
+    prefill_tok_s: dict[int, float]  # n_ubatch -> prompt tokens per second
+
+    @property
+    def max_decode_group(self) -> int:
+        """The largest g such that every decode group of 1..g rows was bit-identical."""
+        g = 1
+        while self.decode_group_ok.get(g + 1, False):
+            g += 1
+        return g
+
+    @property
+    def piece_rule(self) -> tuple[int, int] | None:
+        """(smallest piece, quantum): every multiple of the quantum from the smallest piece
+        up to the largest size probed was bit-identical. None: no such rule was found."""
+        top = max(self.piece_ok, default=0)
+        for quantum in (1, 2, 4):
+            sizes = list(range(quantum, top + 1, quantum))
+            passing = 0
+            for size in reversed(sizes):
+                if not self.piece_ok.get(size, False):
+                    break
+                passing += 1
+            if passing >= MIN_PASSING_PIECES:
+                return sizes[len(sizes) - passing], quantum
+        return None
+
+    @property
+    def exact(self) -> bool:
+        """Some batching with this setting keeps every sequence's logits bit-identical."""
+        return self.piece_rule is not None and self.tail_ok
+
+    def best_ubatch(self, n_batch: int) -> int:
+        fitting = {u: r for u, r in self.prefill_tok_s.items() if u <= n_batch}
+        return max(fitting, key=lambda u: fitting[u]) if fitting else n_batch
+
+    def decode_time(self, n: int, group: int | None) -> float:
+        """Seconds for n decode rows passed in groups of at most `group` (None: one pass
+        of up to the largest size measured)."""
+        largest = max(self.decode_step_s)
+        step = min(group or largest, largest)
+        full, rest = divmod(n, step)
+        return full * self.decode_step_s[step] + (self.decode_step_s[rest] if rest else 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "flash_attn": self.flash_attn,
+            "max_decode_group": self.max_decode_group,
+            "piece_rule": self.piece_rule,
+            "exact": self.exact,
+            "decode_group_ok": self.decode_group_ok,
+            "piece_ok": self.piece_ok,
+            "tail_ok": self.tail_ok,
+            "decode_step_ms": {g: s * 1e3 for g, s in self.decode_step_s.items()},
+            "prefill_tok_s": self.prefill_tok_s,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> AttentionFacts:
+        def ints(m: dict[str, Any]) -> dict[int, Any]:
+            return {int(k): v for k, v in m.items()}
+
+        return cls(
+            flash_attn=bool(d["flash_attn"]),
+            decode_group_ok=ints(d["decode_group_ok"]),
+            piece_ok=ints(d["piece_ok"]),
+            tail_ok=bool(d["tail_ok"]),
+            decode_step_s={g: ms / 1e3 for g, ms in ints(d["decode_step_ms"]).items()},
+            prefill_tok_s=ints(d["prefill_tok_s"]),
+        )
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """How the backend batches: context settings and the shapes the scheduler may plan."""
+
+    mode: Mode
+    flash_attn: bool
+    n_ubatch: int
+    max_decode_group: int | None  # None: every decode in one pass
+    min_chunk: int  # no prompt piece shorter, and no shorter remainder left
+    chunk_quantum: int  # pieces other than a prompt's last are multiples of it
+    max_chunk: int | None  # most prompt tokens of one request per iteration (None: n_batch)
+    exact: bool  # every shape this run can plan was measured bit-identical
+    reason: str  # why these settings, in the probe's numbers
+    exact_cost: float | None = None  # measured slowdown of exact against fast batching
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "exact": self.exact,
+            "reason": self.reason,
+            "exact_cost": self.exact_cost,
+            "flash_attn": self.flash_attn,
+            "n_ubatch": self.n_ubatch,
+            "max_decode_group": self.max_decode_group,
+            "min_chunk": self.min_chunk,
+            "chunk_quantum": self.chunk_quantum,
+            "max_chunk": self.max_chunk,
+        }
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Settings a user fixed by hand; each replaces what the probe would choose."""
+
+    flash_attn: bool | None = None
+    n_ubatch: int | None = None
+    max_decode_group: int | None = None
+
+
+def _score(facts: AttentionFacts, rate: float, decode_s: float, best: tuple[float, float]) -> float:
+    """Prefill and decode weigh equally: each as a slowdown against the best measured."""
+    return best[0] / rate + decode_s / best[1]
+
+
+def choose_settings(
+    facts: list[AttentionFacts],
+    batching: Batching,
+    *,
+    n_seq_max: int,
+    n_batch: int,
+    overrides: Overrides | None = None,
+) -> BatchSettings:
+    """Fast: the flash-attention setting and micro-batch that prefill fastest and decode
+    `n_seq_max` rows fastest, every decode in one pass. Exact: the fastest setting whose
+    shapes the probe found bit-identical, decode groups and prompt pieces restricted to
+    those shapes. Auto: exact where it costs under 3%, else fast."""
+    o = overrides or Overrides()
+    n = max(1, n_seq_max)
+
+    def rate(f: AttentionFacts) -> float:
+        return f.prefill_tok_s.get(f.best_ubatch(n_batch), 0.0) or 1e-9
+
+    best = (max(rate(f) for f in facts), min(f.decode_time(n, None) for f in facts))
+    fast = min(facts, key=lambda f: _score(f, rate(f), f.decode_time(n, None), best))
+    exact_ok = [f for f in facts if f.exact]
+    exact = min(
+        exact_ok,
+        key=lambda f: _score(f, rate(f), f.decode_time(n, f.max_decode_group), best),
+        default=None,
+    )
+    cost = None
+    if exact is not None:
+        cost = max(
+            rate(fast) / rate(exact),
+            exact.decode_time(n, exact.max_decode_group) / fast.decode_time(n, None),
+        ) - 1.0
+    mode: Mode
+    if batching == "auto":
+        mode = "exact" if cost is not None and cost < EXACT_COST_LIMIT else "fast"
+        why = (
+            "no batch shape was bit-identical on this CPU"
+            if cost is None
+            else f"exact batching costs {cost:.0%} here ("
+            + ("under" if mode == "exact" else "over")
+            + f" {EXACT_COST_LIMIT:.0%})"
+        )
+    else:
+        mode, why = batching, "asked for"
+    if mode == "exact":
+        settings = _exact_settings(exact or _safest(facts), n_batch, exact is not None)
+    else:
+        settings = BatchSettings(
+            "fast",
+            fast.flash_attn,
+            fast.best_ubatch(n_batch),
+            None,
+            1,
+            1,
+            None,
+            False,
+            "",
+        )
+    settings = _apply(settings, o, facts, n_seq_max)
+    detail = (
+        f"flash attention {'on' if settings.flash_attn else 'off'}, n_ubatch {settings.n_ubatch}"
+    )
+    return replace(settings, reason=f"{mode} batching: {why}; {detail}", exact_cost=cost)
+
+
+def _safest(facts: list[AttentionFacts]) -> AttentionFacts:
+    """Where nothing was exact: flash attention off (it never was on the CPUs tried)."""
+    return next((f for f in facts if not f.flash_attn), facts[0])
+
+
+def _exact_settings(f: AttentionFacts, n_batch: int, exact: bool) -> BatchSettings:
+    smallest, quantum = f.piece_rule or (1, 1)
+    ubatch = f.best_ubatch(n_batch)
+    return BatchSettings(
+        "exact",
+        f.flash_attn,
+        ubatch,
+        f.max_decode_group,
+        smallest,
+        quantum,
+        ubatch,  # a chunk llama.cpp would split itself could leave a short remainder
+        exact,
+        "",
+    )
+
+
+def _apply(
+    s: BatchSettings, o: Overrides, facts: list[AttentionFacts], n_seq_max: int
+) -> BatchSettings:
+    """Apply hand-set values, then say honestly whether the result is still exact."""
+    if o.flash_attn is not None:
+        s = replace(s, flash_attn=o.flash_attn)
+    if o.n_ubatch is not None:
+        s = replace(s, n_ubatch=o.n_ubatch, max_chunk=o.n_ubatch if s.mode == "exact" else None)
+    if o.max_decode_group is not None:
+        s = replace(s, max_decode_group=o.max_decode_group)
+    f = next(x for x in facts if x.flash_attn == s.flash_attn)
+    group = s.max_decode_group or n_seq_max
+    rule = f.piece_rule
+    exact = (
+        f.exact
+        and rule is not None
+        and group <= f.max_decode_group
+        and s.min_chunk >= rule[0]
+        and s.chunk_quantum % rule[1] == 0
+        and s.n_ubatch % rule[1] == 0
+    )
+    return replace(s, exact=exact)
