@@ -198,4 +198,3 @@ def _prefill_rate(
     finally:
         batch.close()
         ctx.close()
-

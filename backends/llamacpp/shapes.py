@@ -179,10 +179,13 @@ def choose_settings(
     )
     cost = None
     if exact is not None:
-        cost = max(
-            rate(fast) / rate(exact),
-            exact.decode_time(n, exact.max_decode_group) / fast.decode_time(n, None),
-        ) - 1.0
+        cost = (
+            max(
+                rate(fast) / rate(exact),
+                exact.decode_time(n, exact.max_decode_group) / fast.decode_time(n, None),
+            )
+            - 1.0
+        )
     mode: Mode
     if batching == "auto":
         mode = "exact" if cost is not None and cost < EXACT_COST_LIMIT else "fast"
