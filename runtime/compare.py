@@ -79,6 +79,32 @@ def outputs_agree(runs: dict[str, list[dict[str, Any]]]) -> tuple[bool, list[str
     return not problems, problems
 
 
+def token_agreement(runs: dict[str, list[dict[str, Any]]]) -> tuple[int, int, int, int]:
+    """Against the first policy: (equal tokens, tokens compared, identical requests,
+    requests compared), tokens compared position by position."""
+    reference = {r["id"]: r["output_token_ids"] for r in next(iter(runs.values()))}
+    equal = compared = same = n = 0
+    for records in list(runs.values())[1:]:
+        for r in records:
+            ref = reference.get(r["id"])
+            if r["error"] is not None or ref is None:
+                continue
+            out = r["output_token_ids"]
+            equal += sum(a == b for a, b in zip(out, ref, strict=False))
+            compared += max(len(out), len(ref))
+            same += out == ref
+            n += 1
+    return equal, compared, same, n
+
+
+def batching_exact(summary: dict[str, Any]) -> tuple[bool, str]:
+    """Whether a run's batch shapes were all measured bit-identical, and why not."""
+    batching = summary.get("backend", {}).get("batching")
+    if batching is None:  # a backend without batch-dependent kernels (the simulator)
+        return True, ""
+    return bool(batching["exact"]), str(batching["reason"])
+
+
 def build_report(
     summaries: dict[str, list[dict[str, Any]]], baselines: list[str]
 ) -> dict[str, Any]:
@@ -153,7 +179,8 @@ def run_comparison(
     """Every policy on the same trace per seed; returns the report and its check lines."""
     summaries: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     problems: list[str] = []
-    all_agree, all_reconciled = True, True
+    all_agree, all_reconciled, all_exact, why = True, True, True, ""
+    agreement = [0, 0, 0, 0]
     for seed in range(spec.seed, spec.seed + seeds):
         records: dict[str, list[dict[str, Any]]] = {}
         for name in names:
@@ -175,13 +202,25 @@ def run_comparison(
             summaries[name].append(result.summary)
             records[name] = [r.record() for r in result.requests]
             all_reconciled &= bool(result.summary["accounting"]["reconciled"])
+            exact, reason = batching_exact(result.summary)
+            if not exact:
+                all_exact, why = False, reason
         agree, found = outputs_agree(records)
         all_agree &= agree
+        agreement = [a + b for a, b in zip(agreement, token_agreement(records), strict=True)]
         problems += [f"seed {seed}: {p}" for p in found[:5]]
-    checks = [
-        "output tokens agree exactly across policies: " + ("yes" if all_agree else "NO"),
+    equal, compared, same, n = agreement
+    rate = f"{equal / compared:.1%} of tokens, {same}/{n} requests identical" if n else "n/a"
+    if all_exact:
+        checks = ["output tokens agree exactly across policies: " + ("yes" if all_agree else "NO")]
+    else:
+        checks = [
+            f"outputs are not expected to match across policies ({why}); "
+            f"token agreement with {names[0]}: {rate}"
+        ]
+    checks += [
         "request and token counts reconcile in every run: " + ("yes" if all_reconciled else "NO"),
-        *problems,
+        *(problems if all_exact else []),
     ]
     report = build_report(summaries, baselines)
     report.update(
@@ -190,6 +229,12 @@ def run_comparison(
         policies=names,
         simulated=simulated,
         outputs_agree=all_agree,
+        batching_exact=all_exact,
+        token_agreement={
+            "tokens": equal / compared if compared else None,
+            "requests_identical": same,
+            "requests_compared": n,
+        },
         reconciled=all_reconciled,
         calibration=profile.describe() if profile is not None else None,
     )

@@ -74,6 +74,12 @@ def format_summary(s: dict[str, Any]) -> str:
         ("Accounting reconciled:", "yes" if s["accounting"]["reconciled"] else "NO"),
     ]
     lines += [f"{k:<34}{_fmt(v):>22}" for k, v in rows]
+    batching = s["backend"].get("batching")
+    if batching is not None:  # the reason is longer than a table cell
+        exact = "bit-identical shapes" if batching["exact"] else "outputs may depend on batching"
+        lines.append(f"Batching: {batching['mode']} ({exact}); {batching['reason']}")
+        probe = s["backend"]["probe"]
+        lines.append(f"Device probe: {probe['source']} ({probe['path']})")
     for cls in CLASSES:
         c = s[cls]
         lines.append(f"{' ' + cls + ' ':-^{WIDTH}}")

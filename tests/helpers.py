@@ -16,10 +16,13 @@ def make_scheduler(
     limits: BackgroundLimits | None = None,
     min_chunk: int = 1,
     max_chunk: int | None = None,
+    chunk_quantum: int = 1,
 ) -> tuple[Scheduler, list[int]]:
     """A scheduler over a pretend device; returns it and the list of released sequences."""
     released: list[int] = []
-    cap = Capacity(n_batch, n_ctx, n_seq_max, n_ctx_seq or n_ctx, min_chunk, max_chunk)
+    cap = Capacity(
+        n_batch, n_ctx, n_seq_max, n_ctx_seq or n_ctx, min_chunk, max_chunk, chunk_quantum
+    )
     return Scheduler(cap, lambda t: t == EOG, released.append, limits), released
 
 

@@ -76,6 +76,10 @@ def test_run_writes_results_that_agree_with_each_other(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "foreground" in res.stdout and "Mean ITL (ms):" in res.stdout
     summary = json.loads((out / "summary.json").read_text())
+    batching, probe = summary["backend"]["batching"], summary["backend"]["probe"]
+    assert f"Batching: {batching['mode']}" in res.stdout  # `run` defaults to auto
+    assert batching["mode"] == ("exact" if batching["exact_cost"] < 0.03 else "fast")
+    assert probe["source"] in ("measured", "cache") and Path(probe["path"]).exists()
     requests = read_jsonl(out / "requests.jsonl")
     iterations = read_jsonl(out / "iterations.jsonl")
 
@@ -309,3 +313,35 @@ def test_compare_on_the_real_model_checks_outputs_agree_across_policies(tmp_path
     assert report["outputs_agree"] and report["reconciled"] and not report["simulated"]
     assert report["calibration"]["source"] == "probe"
     assert sorted(p.name for p in (out / "seed7").iterdir()) == ["static_16", "unlimited"]
+
+
+def test_compare_with_a_decode_group_larger_than_measured_reports_agreement_not_exactness(
+    tmp_path, make_backend
+):
+    measured = make_backend().settings.max_decode_group  # exact batching's largest group
+    out = tmp_path / "cmp"
+    res = run_cli(
+        "compare",
+        small_workload(tmp_path, chats=3, docs=1),
+        "--policies",
+        "static:16,unlimited",
+        "--seeds",
+        "1",
+        "--out",
+        out,
+        "--no-progress",
+        "--n-ctx",
+        "2048",
+        "--max-decode-group",
+        measured + 1,
+    )
+    assert res.returncode == 0, res.stderr
+    report = json.loads((out / "comparison.json").read_text())
+    assert not report["batching_exact"]
+    assert "outputs are not expected to match across policies" in res.stdout
+    assert "token agreement with static:16:" in res.stdout
+    agreement = report["token_agreement"]
+    assert agreement["requests_compared"] == 4 and 0 < agreement["tokens"] <= 1
+    run = json.loads((out / "seed7" / "unlimited" / "summary.json").read_text())
+    assert run["backend"]["batching"]["max_decode_group"] == measured + 1
+    assert not run["backend"]["batching"]["exact"]

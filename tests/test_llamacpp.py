@@ -217,3 +217,15 @@ def test_arrival_traces_are_byte_identical_across_backends(make_backend):
         wl = load_workload(root / f"{name}.yaml")
         real = format_trace(build_requests(wl, be.tokenizer))
         assert real == format_trace(build_requests(wl, SimTokenizer())), name
+
+
+def test_the_probe_is_kept_and_a_damaged_file_is_measured_again(make_backend, tmp_path):
+    first = make_backend(probe_cache=tmp_path)
+    assert first.probe.source == "measured" and first.probe.path.parent.parent == tmp_path
+    assert make_backend(probe_cache=tmp_path).probe.source == "cache"
+    first.probe.path.write_text("{not json")
+    again = make_backend(probe_cache=tmp_path)
+    assert again.probe.source == "measured"
+    assert [f.to_dict() for f in make_backend(probe_cache=tmp_path).probe.facts] == [
+        f.to_dict() for f in again.probe.facts
+    ]

@@ -200,3 +200,34 @@ def test_a_budget_at_min_chunk_finishes_a_prompt_whole_rather_than_in_a_short_pi
     sched.add(req)
     sizes = [dict(run_plan(sched, 8)[0].prefill)["a"] for _ in range(3)]
     assert sizes == [8, 8, 12]
+
+
+def test_prompts_are_cut_only_at_multiples_of_the_chunk_quantum():
+    # Repacked weights compute rows in blocks of four: a prompt cut elsewhere computes some
+    # rows with another kernel. Every piece but a prompt's last is a multiple of 4, none
+    # is shorter than 8, and no remainder is left shorter than 8.
+    for budget in (8, 10, 30, 37, 64, 101):
+        sched, _ = make_scheduler(min_chunk=8, chunk_quantum=4)
+        chat = make_request("chat", prompt_len=13, max_tokens=200)
+        doc = make_request("doc", "background", prompt_len=250, max_tokens=2)
+        sched.add(chat)
+        sched.add(doc)
+        pieces = []
+        while doc.remaining_prompt:
+            plan, _, _ = run_plan(sched, budget)
+            assert plan.n_prefill <= max(budget, 15)  # a prompt's last 8-15 may go whole
+            pieces.append(plan.prefill.get("doc"))
+        doc_pieces = [n for n in pieces if n]
+        assert sum(doc_pieces) == 250
+        assert all(n % 4 == 0 and n >= 8 for n in doc_pieces[:-1]), (budget, doc_pieces)
+        assert doc_pieces[-1] >= 8
+
+
+def test_with_a_quantum_the_last_tokens_go_whole_when_no_valid_cut_exists():
+    # 14 left under a budget of 8 with quantum 4: 8 + 6 leaves 6 < 8 and 12 is over budget,
+    # so no cut is valid; the 14 go together.
+    sched, _ = make_scheduler(min_chunk=8, chunk_quantum=4)
+    req = make_request("a", prompt_len=30)
+    sched.add(req)
+    assert [dict(run_plan(sched, 8)[0].prefill)["a"] for _ in range(2)] == [8, 8]
+    assert dict(run_plan(sched, 8)[0].prefill) == {"a": 14}
