@@ -181,9 +181,14 @@ class LlamaCppBackend(Backend):
             index = 0  # logits are indexed within the group just decoded
             for w in group:
                 index += len(w.tokens)
-                if w.sample is not None:
-                    sampler = self._sampler(w.seq_id, w.sample)
-                    sampled[w.seq_id] = sampler.sample(self.ctx, index - 1)
+                if w.sample is None:
+                    continue
+                if w.sample.greedy:
+                    sampled[w.seq_id] = self.ctx.argmax(index - 1)
+                else:
+                    sampled[w.seq_id] = self._sampler(w.seq_id, w.sample).sample(
+                        self.ctx, index - 1
+                    )
             start += n
         return StepResult(duration_s=duration, sampled=sampled)
 

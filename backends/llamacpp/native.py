@@ -142,6 +142,13 @@ class LlamaContext:
             raise RuntimeError(f"no logits were computed for batch index {batch_index}")
         return np.ctypeslib.as_array(row, shape=(self.n_vocab,)).copy()
 
+    def argmax(self, batch_index: int) -> int:
+        """Greedy sampling without a sampler: the first highest logit, as llama.cpp's greedy
+        sampler picks it, at a fifth of its host time (it copies the 262k-entry vocabulary
+        into a candidate array per call)."""
+        row = lc.llama_get_logits_ith(self.ptr, batch_index)
+        return int(np.argmax(np.ctypeslib.as_array(row, shape=(self.n_vocab,))))
+
     def seq_rm(self, seq_id: int, from_pos: int = -1) -> None:
         """Drop a sequence's cells from `from_pos` on (-1: all of them)."""
         lc.llama_memory_seq_rm(self.memory, seq_id, from_pos, -1)

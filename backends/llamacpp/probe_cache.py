@@ -27,7 +27,7 @@ from edgeprefill.backends.llamacpp.shapes import AttentionFacts
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1  # bump when what the probe measures changes: older files are measured again
+FORMAT = 2  # bump when what the probe measures changes: older files are measured again
 CACHE_ENV = "EDGEPREFILL_CACHE_DIR"
 
 

@@ -37,6 +37,7 @@ class AttentionFacts:
     tail_ok: bool  # a prompt's last piece may have any size
     decode_step_s: dict[int, float]  # g decode rows in one pass -> seconds
     prefill_tok_s: dict[int, float]  # n_ubatch -> prompt tokens per second
+    deep_chunk_s: float  # a 64-token chunk 2,048 tokens deep in its sequence -> seconds
 
     @property
     def max_decode_group(self) -> int:
@@ -90,6 +91,7 @@ class AttentionFacts:
             "tail_ok": self.tail_ok,
             "decode_step_ms": {g: s * 1e3 for g, s in self.decode_step_s.items()},
             "prefill_tok_s": self.prefill_tok_s,
+            "deep_chunk_ms": self.deep_chunk_s * 1e3,
         }
 
     @classmethod
@@ -104,6 +106,7 @@ class AttentionFacts:
             tail_ok=bool(d["tail_ok"]),
             decode_step_s={g: ms / 1e3 for g, ms in ints(d["decode_step_ms"]).items()},
             prefill_tok_s=ints(d["prefill_tok_s"]),
+            deep_chunk_s=float(d["deep_chunk_ms"]) / 1e3,
         )
 
 
@@ -146,9 +149,10 @@ class Overrides:
     max_decode_group: int | None = None
 
 
-def _score(facts: AttentionFacts, rate: float, decode_s: float, best: tuple[float, float]) -> float:
-    """Prefill and decode weigh equally: each as a slowdown against the best measured."""
-    return best[0] / rate + decode_s / best[1]
+def _costs(f: AttentionFacts, group: int | None, n: int, n_batch: int) -> list[float]:
+    """Seconds per prompt token, for a chunk deep in a document, for n decode rows."""
+    rate = f.prefill_tok_s.get(f.best_ubatch(n_batch), 0.0) or 1e-9
+    return [1.0 / rate, f.deep_chunk_s, f.decode_time(n, group)]
 
 
 def choose_settings(
@@ -159,33 +163,29 @@ def choose_settings(
     n_batch: int,
     overrides: Overrides | None = None,
 ) -> BatchSettings:
-    """Fast: the flash-attention setting and micro-batch that prefill fastest and decode
-    `n_seq_max` rows fastest, every decode in one pass. Exact: the fastest setting whose
-    shapes the probe found bit-identical, decode groups and prompt pieces restricted to
-    those shapes. Auto: exact where it costs under 3%, else fast."""
+    """Fast: the flash-attention setting and micro-batch that prefill, compute a chunk deep
+    in a document and decode `n_seq_max` rows fastest, every decode in one pass. Exact: the
+    fastest setting whose shapes the probe found bit-identical, decode groups and prompt
+    pieces restricted to those shapes. Auto: exact where that is at most 3% slower at each
+    of the three, else fast."""
     o = overrides or Overrides()
     n = max(1, n_seq_max)
+    bests = [min(c) for c in zip(*(_costs(f, None, n, n_batch) for f in facts), strict=True)]
 
-    def rate(f: AttentionFacts) -> float:
-        return f.prefill_tok_s.get(f.best_ubatch(n_batch), 0.0) or 1e-9
+    def slowdowns(f: AttentionFacts, group: int | None) -> list[float]:
+        return [c / b for c, b in zip(_costs(f, group, n, n_batch), bests, strict=True)]
 
-    best = (max(rate(f) for f in facts), min(f.decode_time(n, None) for f in facts))
-    fast = min(facts, key=lambda f: _score(f, rate(f), f.decode_time(n, None), best))
-    exact_ok = [f for f in facts if f.exact]
+    # The three weigh equally, each as a slowdown against the best measured of it.
+    fast = min(facts, key=lambda f: sum(slowdowns(f, None)))
     exact = min(
-        exact_ok,
-        key=lambda f: _score(f, rate(f), f.decode_time(n, f.max_decode_group), best),
+        (f for f in facts if f.exact),
+        key=lambda f: sum(slowdowns(f, f.max_decode_group)),
         default=None,
     )
     cost = None
     if exact is not None:
-        cost = (
-            max(
-                rate(fast) / rate(exact),
-                exact.decode_time(n, exact.max_decode_group) / fast.decode_time(n, None),
-            )
-            - 1.0
-        )
+        pairs = zip(slowdowns(exact, exact.max_decode_group), slowdowns(fast, None), strict=True)
+        cost = max(e / q for e, q in pairs) - 1.0
     mode: Mode
     if batching == "auto":
         mode = "exact" if cost is not None and cost < EXACT_COST_LIMIT else "fast"

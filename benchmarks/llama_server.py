@@ -1,0 +1,218 @@
+"""Replay a workload's trace through llama.cpp's own llama-server, the way users run an
+assistant plus an indexer today, and write the same result files as `edgeprefill run`.
+
+    benchmarks/build_llamacpp_tools.sh            # once: prints the tools' folder
+    .venv/bin/python benchmarks/llama_server.py workloads/assistant_plus_indexer.yaml \
+        --tools build/llamacpp-tools/build/bin --out results/server-default \
+        [--server-args "-np 8 -b 256 -ub 256"]
+
+The requests are exactly those `edgeprefill run` builds for the workload and seed (same
+arrivals, prompt token ids, output lengths; `arrivals.jsonl` is byte-identical), sent as
+token ids to `/completion` at their arrival times with streaming, greedy sampling,
+`ignore_eos` as the workload says, and no prompt cache. Each streamed chunk's arrival is
+its tokens' timestamp on the replay's clock. `requests.jsonl` and `summary.json` have
+`edgeprefill run`'s fields, so `edgeprefill report` reads them and ratios compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import shlex
+import subprocess
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from edgeprefill.backends.llamacpp.model_file import default_model_path
+from edgeprefill.backends.llamacpp.native import LlamaModel
+from edgeprefill.backends.llamacpp.tokenizer import LlamaTokenizer
+from edgeprefill.runtime.metrics import class_summary, completed
+from edgeprefill.runtime.request import CLASSES, Request
+from edgeprefill.runtime.trace import build_requests, format_trace
+from edgeprefill.runtime.workload import load_workload
+from edgeprefill.thermal.machine import describe_machine
+
+HOST = "127.0.0.1"
+
+
+class Server:
+    """llama-server on loopback, started and stopped with the replay."""
+
+    def __init__(self, tools: Path, model: Path, port: int, args: list[str], log: Path) -> None:
+        self.port = port
+        self.cmd = [str(tools / "llama-server"), "-m", str(model), "--host", HOST]
+        self.cmd += ["--port", str(port), "--cache-ram", "0", *args]
+        self._log = log.open("w")
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited ({self.proc.returncode}); see {log}")
+            try:
+                conn = http.client.HTTPConnection(HOST, port, timeout=2)
+                conn.request("GET", "/health")
+                if conn.getresponse().status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        self.close()
+        raise RuntimeError(f"llama-server did not become ready; see {log}")
+
+    def complete(self, req: Request, clock: Any) -> None:
+        """Stream one completion, stamping every token as its chunk arrives."""
+        body = {
+            "prompt": req.prompt,
+            "n_predict": req.max_tokens,
+            "stream": True,
+            "return_tokens": True,
+            "cache_prompt": False,
+            "ignore_eos": req.ignore_eos,
+            "temperature": 0.0,
+        }
+        conn = http.client.HTTPConnection(HOST, self.port, timeout=3600)
+        conn.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            req.fail(f"llama-server answered {resp.status}: {resp.read()[:200]!r}")
+            return
+        for raw in resp:
+            line = raw.decode().strip()
+            if not line.startswith("data: "):
+                continue
+            chunk = json.loads(line[len("data: ") :])
+            now = clock()
+            for token in chunk.get("tokens", []):
+                req.output.append(token)
+                req.token_times_s.append(now)
+            if chunk.get("stop"):
+                req.num_computed = int(chunk.get("tokens_evaluated", req.prompt_len))
+                stop = chunk.get("stop_type")
+                req.finish_reason = "length" if stop == "limit" else "stop"
+                break
+        if req.finish_reason is None:
+            req.fail("the stream ended without a final chunk")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._log.close()
+
+
+def replay(server: Server, requests: list[Request]) -> float:
+    """Send every request at its arrival time (a closed-loop turn `think_s` after its
+    predecessor ended); returns the replay's duration."""
+    t0 = time.perf_counter()
+
+    def clock() -> float:
+        return time.perf_counter() - t0
+
+    done = {r.id: threading.Event() for r in requests}
+    by_id = {r.id: r for r in requests}
+
+    def one(req: Request) -> None:
+        if req.after is not None:
+            done[req.after].wait()
+            req.arrival_s = by_id[req.after].token_times_s[-1] + req.think_s
+        time.sleep(max(0.0, req.arrival_s - clock()))
+        try:
+            server.complete(req, clock)
+        except (OSError, ValueError) as e:
+            req.fail(f"{type(e).__name__}: {e}")
+        finally:
+            done[req.id].set()
+
+    threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in requests]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return clock()
+
+
+def summary(
+    requests: list[Request], duration: float, meta: dict[str, Any]
+) -> dict[str, Any]:
+    recs = [r.record() for r in requests]
+    n_done = sum(completed(r) for r in recs)
+    last = [r["token_times_s"][-1] for r in recs if r["token_times_s"]]
+    return {
+        **meta,
+        "completed": n_done,
+        "failed": len(recs) - n_done,
+        "interrupted": False,
+        "duration_s": duration,
+        "makespan_s": max(last) - min(r["arrival_s"] for r in recs) if last else 0.0,
+        "accounting": {
+            "submitted": len(recs),
+            "completed": n_done,
+            "failed": len(recs) - n_done,
+            "reconciled": all(completed(r) or r["error"] for r in recs),
+        },
+        **{c: class_summary([r for r in recs if r["class"] == c], duration) for c in CLASSES},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("workload", type=Path)
+    ap.add_argument("--tools", type=Path, required=True, help="folder with llama-server")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-ctx", type=int, default=16384, help="KV cells per slot")
+    ap.add_argument("--slots", type=int, default=4, help="llama-server's --parallel")
+    ap.add_argument("--server-args", default="", help="more llama-server options, e.g. '-b 256'")
+    ap.add_argument("--port", type=int, default=18080)
+    args = ap.parse_args()
+    spec = load_workload(args.workload)
+    model_path = default_model_path()
+    model = LlamaModel(model_path)
+    try:
+        requests = build_requests(spec, LlamaTokenizer(model), args.seed)
+    finally:
+        model.close()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "arrivals.jsonl").write_text(format_trace(requests))
+    server_args = ["-t", str(args.threads), "-np", str(args.slots)]
+    server_args += ["-c", str(args.n_ctx * args.slots), *shlex.split(args.server_args)]
+    started = datetime.now(UTC)
+    server = Server(args.tools, model_path, args.port, server_args, args.out / "server.log")
+    try:
+        duration = replay(server, requests)
+    finally:
+        server.close()
+    with (args.out / "requests.jsonl").open("w") as f:
+        for r in requests:
+            f.write(json.dumps(r.record()) + "\n")
+    spec_text = "llama-server " + " ".join(server_args)
+    meta = {
+        "backend": {"name": "llama-server", "args": server_args, "model": str(model_path)},
+        "simulated": False,
+        "policy": {"name": "llama-server", "spec": spec_text},
+        "workload": {"name": spec.name, "path": str(args.workload)},
+        "seed": spec.seed if args.seed is None else args.seed,
+        "start_time": started.isoformat(),
+        "machine": describe_machine(),
+    }
+    s = summary(requests, duration, meta)
+    (args.out / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
+    fg, bg = s["foreground"], s["background"]
+    print(
+        f"{spec_text}: {s['completed']}/{len(requests)} completed, makespan "
+        f"{s['makespan_s']:.1f} s, fg mean TTFT {fg['mean_ttft_ms']:.0f} ms, fg P99 ITL "
+        f"{fg['p99_itl_ms']:.0f} ms, bg makespan {bg['makespan_s']:.1f} s"
+    )
+    print(f"results: {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""edgeprefill's prefill-only and decode-only iterations against llama.cpp's own
+llama-batched-bench on the same shapes, model and threads, in interleaved rounds.
+
+    benchmarks/build_llamacpp_tools.sh            # once: prints the tools' folder
+    .venv/bin/python benchmarks/throughput.py --tools build/llamacpp-tools/build/bin
+
+Shapes: one 2,048-token prompt prefilled in one iteration (prompt tokens per second), and
+1, 4 and 8 sequences decoding together at a 512-token context (decode tokens per second).
+llama-batched-bench runs each shape at every flash-attention and micro-batch setting below,
+as a tuned user would, and its best setting is the reference. edgeprefill runs the same
+shapes through its engine (plan, batch, decode, sample, bookkeeping), timed by wall clock,
+so host overhead counts against it, with the settings its device probe chose (fast
+batching unless `--batching exact`). Each round runs both sides back to back, alternating
+which goes first; the machine's speed drifts, so only ratios within a round are compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
+from edgeprefill.backends.llamacpp.model_file import default_model_path
+from edgeprefill.backends.llamacpp.probe import plain_tokens
+from edgeprefill.runtime.engine import Engine
+from edgeprefill.runtime.policy import UnlimitedPolicy
+from edgeprefill.runtime.request import Request
+
+PREFILL = 2048
+DECODE_CTX = 512
+DECODE_STEPS = 32
+PARALLEL = (1, 4, 8)
+SETTINGS = [(fa, ub) for fa in ("off", "on") for ub in (256, 512, 2048)]
+
+
+def batched_bench(tools: Path, model: Path, threads: int) -> dict[str, dict[str, float]]:
+    """tok/s per shape for every setting: {"fa=off ub=256": {"prefill": .., "decode1": ..}}."""
+    out: dict[str, dict[str, float]] = {}
+    for fa, ub in SETTINGS:
+        common = [
+            str(tools / "llama-batched-bench"),
+            "-m",
+            str(model),
+            "-t",
+            str(threads),
+            "-b",
+            "2048",
+            "-ub",
+            str(ub),
+            "-fa",
+            fa,
+            "--output-format",
+            "jsonl",
+        ]
+        rows = _jsonl(
+            common + ["-c", str(PREFILL + 64), "-npp", str(PREFILL), "-ntg", "1", "-npl", "1"]
+        )
+        shape = {"prefill": rows[0]["speed_pp"]}
+        ctx = max(PARALLEL) * (DECODE_CTX + DECODE_STEPS)
+        rows = _jsonl(
+            common
+            + ["-c", str(ctx), "-npp", str(DECODE_CTX), "-ntg", str(DECODE_STEPS)]
+            + ["-npl", ",".join(map(str, PARALLEL))]
+        )
+        shape |= {f"decode{r['pl']}": r["speed_tg"] for r in rows}
+        out[f"fa={fa} ub={ub}"] = shape
+    return out
+
+
+def _jsonl(cmd: list[str]) -> list[dict[str, Any]]:
+    res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+
+
+def edgeprefill(be: LlamaCppBackend) -> dict[str, float]:
+    """tok/s per shape through the engine, wall clock around each `Engine.step`."""
+    tokens = plain_tokens(be.model, PREFILL + max(PARALLEL) * DECODE_CTX)
+    out: dict[str, float] = {}
+    engine = Engine(be, UnlimitedPolicy())
+    engine.add(Request("p", "background", 0.0, tokens[:PREFILL], max_tokens=1))
+    t0 = time.perf_counter()
+    it = engine.step()
+    out["prefill"] = PREFILL / (time.perf_counter() - t0)
+    assert it is not None and it.plan.n_prefill == PREFILL and not engine.has_work
+    for n in PARALLEL:
+        engine = Engine(be, UnlimitedPolicy())
+        for i in range(n):
+            prompt = tokens[PREFILL + i * DECODE_CTX : PREFILL + (i + 1) * DECODE_CTX]
+            req = Request(f"d{i}", "foreground", 0.0, prompt, DECODE_STEPS + 1, ignore_eos=True)
+            engine.add(req)
+        steps = []
+        while engine.has_work:
+            t0 = time.perf_counter()
+            it = engine.step()
+            elapsed = time.perf_counter() - t0
+            if it is not None and it.plan.n_decode == n and not it.plan.prefill:
+                steps.append(elapsed)
+        out[f"decode{n}"] = n * len(steps) / sum(steps)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tools", type=Path, required=True, help="folder with llama-batched-bench")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="[default: physical cores]")
+    ap.add_argument("--batching", choices=["auto", "exact", "fast"], default="fast")
+    ap.add_argument("--out", type=Path, default=Path("results/throughput.json"))
+    args = ap.parse_args()
+    model = default_model_path()
+    config = LlamaCppConfig(
+        model=model,
+        n_ctx=PREFILL + 64,
+        n_seq_max=max(PARALLEL),
+        n_threads=args.threads,
+        batching=args.batching,
+    )
+    rounds: list[dict[str, Any]] = []
+    with LlamaCppBackend(config) as be:
+        for r in range(args.rounds):
+            sides = {}
+            order = ("ours", "llama") if r % 2 == 0 else ("llama", "ours")
+            for side in order:
+                if side == "ours":
+                    sides["edgeprefill"] = edgeprefill(be)
+                else:
+                    sides["batched_bench"] = batched_bench(args.tools, model, be.n_threads)
+            rounds.append(sides)
+            print(f"round {r + 1}/{args.rounds}: {json.dumps(sides)}", flush=True)
+        report = summarize(rounds, be.describe())
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(format_table(report))
+    print(f"results: {args.out}")
+
+
+def summarize(rounds: list[dict[str, Any]], backend: dict[str, Any]) -> dict[str, Any]:
+    """Per shape: llama-batched-bench's best setting (by median over rounds) and the
+    per-round ratio of edgeprefill to that setting."""
+    shapes = list(rounds[0]["edgeprefill"])
+    b = backend["batching"]
+    same = f"fa={'on' if b['flash_attn'] else 'off'} ub={b['n_ubatch']}"
+    table = {}
+    for shape in shapes:
+        medians = {
+            s: statistics.median(r["batched_bench"][s][shape] for r in rounds)
+            for s in rounds[0]["batched_bench"]
+        }
+        best = max(medians, key=lambda s: medians[s])
+        ratios = [r["edgeprefill"][shape] / r["batched_bench"][best][shape] for r in rounds]
+        if same in medians:  # llama-batched-bench with edgeprefill's own settings
+            table[shape] = {
+                "same_setting_ratio_median": statistics.median(
+                    r["edgeprefill"][shape] / r["batched_bench"][same][shape] for r in rounds
+                )
+            }
+        else:
+            table[shape] = {}
+        table[shape] |= {
+            "edgeprefill_tok_s": statistics.median(r["edgeprefill"][shape] for r in rounds),
+            "batched_bench_best": best,
+            "batched_bench_tok_s": medians[best],
+            "ratio_median": statistics.median(ratios),
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+        }
+    return {
+        "backend": {k: backend[k] for k in ("model_description", "n_threads", "batching")},
+        "probe_source": backend["probe"]["source"],
+        "rounds": rounds,
+        "table": table,
+    }
+
+
+def format_table(report: dict[str, Any]) -> str:
+    b = report["backend"]["batching"]
+    lines = [
+        f"edgeprefill ({b['mode']} batching: flash attention "
+        f"{'on' if b['flash_attn'] else 'off'}, n_ubatch {b['n_ubatch']}) against "
+        f"llama-batched-bench's best setting, {len(report['rounds'])} interleaved rounds",
+        f"{'shape':<10}{'edgeprefill':>13}{'batched-bench':>15}{'best setting':>16}"
+        f"{'ratio (min..max)':>24}{'same setting':>14}",
+    ]
+    for shape, t in report["table"].items():
+        lines.append(
+            f"{shape:<10}{t['edgeprefill_tok_s']:>13.1f}{t['batched_bench_tok_s']:>15.1f}"
+            f"{t['batched_bench_best']:>16}"
+            f"{t['ratio_median']:>10.3f} ({t['ratio_min']:.3f}..{t['ratio_max']:.3f})"
+            f"{t.get('same_setting_ratio_median', float('nan')):>14.3f}"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
