@@ -169,7 +169,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-ctx", type=int, default=16384, help="KV cells per slot")
-    ap.add_argument("--slots", type=int, default=4, help="llama-server's --parallel")
+    ap.add_argument(
+        "--slots",
+        type=int,
+        default=0,
+        help="llama-server's --parallel [default: not passed: its own default, 4 slots "
+        "sharing one KV pool]",
+    )
     ap.add_argument("--server-args", default="", help="more llama-server options, e.g. '-b 256'")
     ap.add_argument("--port", type=int, default=18080)
     args = ap.parse_args()
@@ -182,8 +188,8 @@ def main() -> None:
         model.close()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "arrivals.jsonl").write_text(format_trace(requests))
-    server_args = ["-t", str(args.threads), "-np", str(args.slots)]
-    server_args += ["-c", str(args.n_ctx * args.slots), *shlex.split(args.server_args)]
+    server_args = ["-t", str(args.threads), "-c", str(args.n_ctx * (args.slots or 4))]
+    server_args += (["-np", str(args.slots)] if args.slots else []) + shlex.split(args.server_args)
     started = datetime.now(UTC)
     server = Server(args.tools, model_path, args.port, server_args, args.out / "server.log")
     try:
