@@ -138,9 +138,7 @@ def replay(server: Server, requests: list[Request]) -> float:
     return clock()
 
 
-def summary(
-    requests: list[Request], duration: float, meta: dict[str, Any]
-) -> dict[str, Any]:
+def summary(requests: list[Request], duration: float, meta: dict[str, Any]) -> dict[str, Any]:
     recs = [r.record() for r in requests]
     n_done = sum(completed(r) for r in recs)
     last = [r["token_times_s"][-1] for r in recs if r["token_times_s"]]

@@ -345,3 +345,4 @@ def test_compare_with_a_decode_group_larger_than_measured_reports_agreement_not_
     run = json.loads((out / "seed7" / "unlimited" / "summary.json").read_text())
     assert run["backend"]["batching"]["max_decode_group"] == measured + 1
     assert not run["backend"]["batching"]["exact"]
+    assert f"decode groups of up to {measured + 1} exceed" in run["backend"]["batching"]["reason"]

@@ -110,6 +110,10 @@ def test_hand_set_values_that_leave_the_measured_shapes_are_reported_not_exact()
     assert exact()
     assert exact(max_decode_group=2)
     assert not exact(max_decode_group=4)
+    forced = choose_settings(
+        measured, "exact", n_seq_max=8, n_batch=2048, overrides=Overrides(max_decode_group=4)
+    )
+    assert "not exact: decode groups of up to 4 exceed the 3 measured exact" in forced.reason
     assert not exact(n_ubatch=250)  # not a multiple of the quantum of 4
     assert exact(n_ubatch=512)
     assert not exact(flash_attn=True)

@@ -212,10 +212,12 @@ def choose_settings(
             False,
             "",
         )
-    settings = _apply(settings, o, facts, n_seq_max)
+    settings, inexact = _apply(settings, o, facts, n_seq_max)
     detail = (
         f"flash attention {'on' if settings.flash_attn else 'off'}, n_ubatch {settings.n_ubatch}"
     )
+    if mode == "exact" and inexact:
+        detail += f"; not exact: {inexact}"
     return replace(settings, reason=f"{mode} batching: {why}; {detail}", exact_cost=cost)
 
 
@@ -242,8 +244,9 @@ def _exact_settings(f: AttentionFacts, n_batch: int, exact: bool) -> BatchSettin
 
 def _apply(
     s: BatchSettings, o: Overrides, facts: list[AttentionFacts], n_seq_max: int
-) -> BatchSettings:
-    """Apply hand-set values, then say honestly whether the result is still exact."""
+) -> tuple[BatchSettings, str]:
+    """Apply hand-set values, then say honestly whether the result is still exact, and if
+    not, why not."""
     if o.flash_attn is not None:
         s = replace(s, flash_attn=o.flash_attn)
     if o.n_ubatch is not None:
@@ -251,14 +254,17 @@ def _apply(
     if o.max_decode_group is not None:
         s = replace(s, max_decode_group=o.max_decode_group)
     f = next(x for x in facts if x.flash_attn == s.flash_attn)
+    fa = f"flash attention {'on' if f.flash_attn else 'off'}"
     group = s.max_decode_group or n_seq_max
     rule = f.piece_rule
-    exact = (
-        f.exact
-        and rule is not None
-        and group <= f.max_decode_group
-        and s.min_chunk >= rule[0]
-        and s.chunk_quantum % rule[1] == 0
-        and s.n_ubatch % rule[1] == 0
-    )
-    return replace(s, exact=exact)
+    if not f.exact or rule is None:
+        why = f"no prompt piece rule was bit-identical with {fa}"
+    elif group > f.max_decode_group:
+        why = f"decode groups of up to {group} exceed the {f.max_decode_group} measured exact"
+    elif s.min_chunk < rule[0] or s.chunk_quantum % rule[1]:
+        why = f"prompt pieces are not restricted to {rule[0]}+ in multiples of {rule[1]}"
+    elif s.n_ubatch % rule[1]:
+        why = f"n_ubatch {s.n_ubatch} is not a multiple of {rule[1]}"
+    else:
+        why = ""
+    return replace(s, exact=not why), why
