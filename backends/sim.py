@@ -16,9 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from edgeprefill.backends.base import Backend, StepResult
-from edgeprefill.runtime.costmodel import CostModel
-from edgeprefill.runtime.scheduler import Capacity, SeqWork
+from edgeprefill.runtime.core.contract import (
+    Backend,
+    Capacity,
+    SeqWork,
+    StepResult,
+    plain_transcript,
+)
+from edgeprefill.runtime.core.costmodel import CostModel
 
 BOS, EOG, FIRST_NORMAL = 1, 2, 10
 
@@ -51,6 +56,12 @@ class SimTokenizer:
 
     def chat_parts(self, system: str | None) -> tuple[str, str]:
         return ((system + "\n\n" if system else "") + "User: ", "\nAssistant:")
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        return plain_transcript(messages)
+
+    def piece(self, token: int) -> bytes:
+        return f" w{token}".encode()
 
     def is_normal(self, token: int) -> bool:
         return token >= FIRST_NORMAL

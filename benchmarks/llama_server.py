@@ -30,10 +30,10 @@ from typing import Any
 from edgeprefill.backends.llamacpp.model_file import default_model_path
 from edgeprefill.backends.llamacpp.native import LlamaModel
 from edgeprefill.backends.llamacpp.tokenizer import LlamaTokenizer
-from edgeprefill.runtime.metrics import class_summary, completed
-from edgeprefill.runtime.request import CLASSES, Request
-from edgeprefill.runtime.trace import build_requests, format_trace
-from edgeprefill.runtime.workload import load_workload
+from edgeprefill.runtime.analysis.metrics import class_summary, completed
+from edgeprefill.runtime.core.request import CLASSES, Request
+from edgeprefill.runtime.traffic.build import build_requests, format_trace
+from edgeprefill.runtime.traffic.workload import load_workload
 from edgeprefill.thermal.machine import describe_machine
 
 HOST = "127.0.0.1"

@@ -27,9 +27,9 @@ from typing import Any
 from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
 from edgeprefill.backends.llamacpp.model_file import default_model_path
 from edgeprefill.backends.llamacpp.probe import plain_tokens
-from edgeprefill.runtime.engine import Engine
-from edgeprefill.runtime.policy import UnlimitedPolicy
-from edgeprefill.runtime.request import Request
+from edgeprefill.runtime.core.engine import Engine
+from edgeprefill.runtime.core.request import Request
+from edgeprefill.runtime.policies import UnlimitedPolicy
 
 PREFILL = 2048
 DECODE_CTX = 512

@@ -8,8 +8,8 @@ import pytest
 from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
 from edgeprefill.backends.llamacpp.model_file import default_model_path
 from edgeprefill.backends.llamacpp.probe_cache import CACHE_ENV
-from edgeprefill.runtime.engine import Engine, Iteration
-from edgeprefill.runtime.request import Request
+from edgeprefill.runtime.core.engine import Engine, Iteration
+from edgeprefill.runtime.core.request import Request
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from edgeprefill.runtime.request import Request, RequestClass
-from edgeprefill.runtime.scheduler import BackgroundLimits, Capacity, Scheduler
+from edgeprefill.runtime.core.contract import Capacity
+from edgeprefill.runtime.core.request import Request, RequestClass
+from edgeprefill.runtime.core.scheduler import BackgroundLimits, Scheduler
 
 EOG = 1
 

@@ -10,14 +10,14 @@ import pytest
 import yaml
 
 from edgeprefill.backends.sim import SimBackend, SimTokenizer
-from edgeprefill.runtime.arrivals import arrival_times
-from edgeprefill.runtime.engine import Engine
-from edgeprefill.runtime.errors import UserError
-from edgeprefill.runtime.policy import parse_policy
-from edgeprefill.runtime.results import RunWriter
-from edgeprefill.runtime.run import run_requests
-from edgeprefill.runtime.trace import build_requests, format_trace
-from edgeprefill.runtime.workload import GammaArrivals, load_workload
+from edgeprefill.runtime.core.engine import Engine
+from edgeprefill.runtime.core.errors import UserError
+from edgeprefill.runtime.policies import parse_policy
+from edgeprefill.runtime.runner.replay import run_requests
+from edgeprefill.runtime.runner.results import RunWriter
+from edgeprefill.runtime.traffic.arrivals import arrival_times
+from edgeprefill.runtime.traffic.build import build_requests, format_trace
+from edgeprefill.runtime.traffic.workload import GammaArrivals, load_workload
 from tests.test_policies import CAP, COST
 
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from edgeprefill.runtime.metrics import class_summary
+from edgeprefill.runtime.analysis.metrics import class_summary
 
 pytestmark = pytest.mark.slow
 
-CLI = [sys.executable, "-m", "edgeprefill.runtime.cli"]
+CLI = [sys.executable, "-m", "edgeprefill.runtime.cli.main"]
 DEFAULT = Path(__file__).parents[1] / "workloads" / "assistant_plus_indexer.yaml"
 
 

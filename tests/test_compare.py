@@ -11,13 +11,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from edgeprefill.runtime.calibrate import DeviceProfile, save_profile
-from edgeprefill.runtime.compare import outputs_agree, paired, with_burst_rate
-from edgeprefill.runtime.costmodel import CostModel
-from edgeprefill.runtime.workload import load_workload
+from edgeprefill.runtime.analysis.compare import outputs_agree, paired
+from edgeprefill.runtime.core.costmodel import CostModel
+from edgeprefill.runtime.core.profile import DeviceProfile
+from edgeprefill.runtime.runner.comparison import with_burst_rate
+from edgeprefill.runtime.runner.probe import save_profile
+from edgeprefill.runtime.traffic.workload import load_workload
 
 ROOT = Path(__file__).parents[1]
-CLI = [sys.executable, "-m", "edgeprefill.runtime.cli"]
+CLI = [sys.executable, "-m", "edgeprefill.runtime.cli.main"]
 
 
 def test_paired_ratio_and_t_interval_by_hand():

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from edgeprefill.backends.llamacpp.native import cpu_has_amx
-from edgeprefill.runtime.engine import Engine
-from edgeprefill.runtime.policy import StaticPolicy, UnlimitedPolicy
-from edgeprefill.runtime.prompts import PromptBuilder
-from edgeprefill.runtime.request import Request, Status
-from edgeprefill.runtime.workload import Range, SyntheticPrompt, TextPrompt
+from edgeprefill.runtime.core.engine import Engine
+from edgeprefill.runtime.core.request import Request, Status
+from edgeprefill.runtime.policies import StaticPolicy, UnlimitedPolicy
+from edgeprefill.runtime.traffic.prompts import PromptBuilder
+from edgeprefill.runtime.traffic.workload import Range, SyntheticPrompt, TextPrompt
 from tests.conftest import drain
 
 pytestmark = pytest.mark.slow
@@ -164,7 +164,7 @@ def test_prompts_have_exact_lengths_and_are_deterministic(make_backend):
 def test_sampling_with_temperature_is_seeded(make_backend):
     be = make_backend()
     prompt = text_prompt(be.tokenizer, 80, seed=3)
-    from edgeprefill.runtime.request import SamplingParams
+    from edgeprefill.runtime.core.request import SamplingParams
 
     def sample(seed):
         r = Request(
@@ -212,8 +212,8 @@ def test_eight_sequences_decoding_at_once_equal_each_alone(make_backend):
 
 def test_arrival_traces_are_byte_identical_across_backends(make_backend):
     from edgeprefill.backends.sim import SimTokenizer
-    from edgeprefill.runtime.trace import build_requests, format_trace
-    from edgeprefill.runtime.workload import load_workload
+    from edgeprefill.runtime.traffic.build import build_requests, format_trace
+    from edgeprefill.runtime.traffic.workload import load_workload
 
     root = Path(__file__).parents[1] / "workloads"
     be = make_backend()
@@ -230,3 +230,18 @@ def test_the_probe_is_measured_once_then_read_from_the_cache(make_backend, tmp_p
     assert again.probe.source == "cache" and again.describe()["probe"]["source"] == "cache"
     assert [f.to_dict() for f in again.probe.facts] == [f.to_dict() for f in first.probe.facts]
     assert again.settings == first.settings
+
+
+def test_the_tokenizer_refuses_to_work_after_its_backend_is_closed(make_backend):
+    be = make_backend()
+    tok = be.tokenizer
+    assert tok.encode("Hello", add_bos=True, special=True)
+    be.close()
+    for use in (
+        lambda: tok.encode("Hello", add_bos=True, special=True),
+        lambda: tok.decode([100]),
+        lambda: tok.is_eog(1),
+        lambda: tok.chat_parts(None),
+    ):
+        with pytest.raises(RuntimeError, match="closed with its backend"):
+            use()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgeprefill.runtime.metrics import class_summary, request_latencies
+from edgeprefill.runtime.analysis.metrics import class_summary, request_latencies
 
 
 def rec(arrival, times, prompt=10, error=None, finish="length"):

@@ -6,16 +6,17 @@ import numpy as np
 import pytest
 
 from edgeprefill.backends.sim import SimBackend
-from edgeprefill.runtime.cadence import CadencePolicy
-from edgeprefill.runtime.calibrate import DeviceProfile
-from edgeprefill.runtime.costmodel import CostModel
-from edgeprefill.runtime.dlfp import DLFPPolicy
-from edgeprefill.runtime.engine import Engine
-from edgeprefill.runtime.plan import IterationTiming, SchedState
-from edgeprefill.runtime.policy import parse_policy
-from edgeprefill.runtime.ppas import PPASPolicy
-from edgeprefill.runtime.request import Request
-from edgeprefill.runtime.scheduler import Capacity
+from edgeprefill.runtime.core.contract import Capacity
+from edgeprefill.runtime.core.costmodel import CostModel
+from edgeprefill.runtime.core.engine import Engine
+from edgeprefill.runtime.core.errors import UserError
+from edgeprefill.runtime.core.plan import IterationTiming, SchedState
+from edgeprefill.runtime.core.profile import DeviceProfile
+from edgeprefill.runtime.core.request import Request
+from edgeprefill.runtime.policies import parse_policy
+from edgeprefill.runtime.policies.cadence import CadencePolicy
+from edgeprefill.runtime.policies.dlfp import DLFPPolicy
+from edgeprefill.runtime.policies.ppas import PPASPolicy
 from tests.conftest import drain
 
 # A CPU-like device: 20 ms per pass over the weights, 3 ms per prompt token, attention
@@ -79,9 +80,11 @@ def test_ppas_caps_exactly_from_nth_competing_prefills_while_decoding():
 
 def test_ppas_cap_defaults_from_the_device_not_from_gpu_constants():
     p = PPASPolicy()
-    with pytest.raises(ValueError, match="ppas has no bcap"):
-        p.budget(state(n_p_run=2, n_d=1))
-    p.calibrate(profile())
+    with pytest.raises(UserError, match="policy ppas has no bcap"):  # when the run starts
+        Engine(SimBackend(COST, CAP), p)
+    with pytest.raises(UserError, match="policy cadence has no cost model"):
+        Engine(SimBackend(COST, CAP), parse_policy("cadence:itl_ms=100"))
+    Engine(SimBackend(COST, CAP), p, profile=profile())  # calibrated: ready
     # 100 ms at 2k tokens deep beside one decode: (100 - 2*20 - 2 - 0.5) / (3 + 2.05) ms
     assert p.bcap == profile().chunk_for() and 8 <= p.bcap <= 16
 

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from edgeprefill.runtime.errors import UserError
-from edgeprefill.runtime.plan import SchedState
-from edgeprefill.runtime.policy import StaticPolicy, UnlimitedPolicy, parse_policy
+from edgeprefill.runtime.core.errors import UserError
+from edgeprefill.runtime.core.plan import SchedState
+from edgeprefill.runtime.policies import StaticPolicy, UnlimitedPolicy, parse_policy
 
 STATE = SchedState(
     n_prefill_running=1, n_prefill_waiting=2, n_decode=3, n_decode_foreground=1, n_batch=2048

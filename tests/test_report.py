@@ -12,11 +12,11 @@ from click.testing import CliRunner
 from matplotlib.image import imread
 
 from edgeprefill.backends.sim import SimBackend
-from edgeprefill.runtime.calibrate import DeviceProfile
-from edgeprefill.runtime.cli import cli
-from edgeprefill.runtime.compare import run_comparison
-from edgeprefill.runtime.session import RunOptions, run_workload
-from edgeprefill.runtime.workload import load_workload
+from edgeprefill.runtime.cli.main import cli
+from edgeprefill.runtime.core.profile import DeviceProfile
+from edgeprefill.runtime.runner.comparison import run_comparison
+from edgeprefill.runtime.runner.session import RunOptions, run_workload
+from edgeprefill.runtime.traffic.workload import load_workload
 from tests.test_policies import CAP, COST
 
 DEFAULT = Path(__file__).parents[1] / "workloads" / "assistant_plus_indexer.yaml"
@@ -119,8 +119,8 @@ def test_report_on_a_folder_without_runs_is_a_clear_error(tmp_path, make):
     target = tmp_path / "x"
     if make == "empty":
         target.mkdir()
-    from edgeprefill.runtime.errors import UserError
-    from edgeprefill.runtime.report import write_report
+    from edgeprefill.runtime.analysis.report import write_report
+    from edgeprefill.runtime.core.errors import UserError
 
     with pytest.raises(UserError, match="pass run, compare or sweep folders|holds no runs"):
         write_report([target], tmp_path / "rep")

@@ -3,8 +3,8 @@ background preempted at chunk boundaries, admission never over-commits the devic
 
 from __future__ import annotations
 
-from edgeprefill.runtime.request import Status
-from edgeprefill.runtime.scheduler import BackgroundLimits
+from edgeprefill.runtime.core.request import Status
+from edgeprefill.runtime.core.scheduler import BackgroundLimits
 from tests.helpers import EOG, make_request, make_scheduler, run_plan
 
 

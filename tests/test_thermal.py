@@ -13,8 +13,8 @@ import pynvml
 import pytest
 
 from edgeprefill.backends.sim import SimBackend
-from edgeprefill.runtime.engine import Engine
-from edgeprefill.runtime.policy import parse_policy
+from edgeprefill.runtime.core.engine import Engine
+from edgeprefill.runtime.policies import parse_policy
 from edgeprefill.thermal import rapl
 from edgeprefill.thermal.battery import BatterySensor
 from edgeprefill.thermal.cpu import CpuFrequencySensor, CpuTemperatureSensor

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import yaml
 
-from edgeprefill.runtime.arrivals import arrival_times
-from edgeprefill.runtime.errors import UserError
-from edgeprefill.runtime.workload import BurstArrivals, PoissonArrivals, load_workload
+from edgeprefill.runtime.core.errors import UserError
+from edgeprefill.runtime.traffic.arrivals import arrival_times
+from edgeprefill.runtime.traffic.workload import BurstArrivals, PoissonArrivals, load_workload
 
 DEFAULT = Path(__file__).parents[1] / "workloads" / "assistant_plus_indexer.yaml"
 
@@ -75,6 +75,11 @@ def test_default_workload_loads_with_both_classes():
             "streams.assistant.prompt: required key is missing",
         ),
         (
+            lambda d: d["streams"]["assistant"]["arrivals"].update(count=10**12),
+            "streams.assistant: this stream would make about 1000000000000 requests; at most "
+            "1,000,000 per stream are allowed",
+        ),
+        (
             lambda d: d.update(sed=1),
             "sed: unknown key; allowed keys here: name, description, seed, streams",
         ),
@@ -122,7 +127,7 @@ def test_arrivals_are_seeded_and_shaped():
 
 
 def test_phased_arrivals_follow_each_phase_rate():
-    from edgeprefill.runtime.workload import PhasedArrivals
+    from edgeprefill.runtime.traffic.workload import PhasedArrivals
 
     spec = PhasedArrivals.model_validate(
         {

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy import integrate
 
 STEADY_TRIM = 0.10
 
@@ -57,7 +58,7 @@ def cpu_series(samples: Sequence[dict[str, Any]], tdp_w: float | None) -> Energy
     if tdp_w is not None and len(rows) >= 2:
         t = np.array([r["t_s"] for r in rows])
         watts = tdp_w * np.array([r["cpu_load"]["percent"] for r in rows]) / 100
-        joules = np.concatenate([[0.0], np.cumsum(np.diff(t) * (watts[1:] + watts[:-1]) / 2)])
+        joules = integrate.cumulative_trapezoid(watts, t, initial=0.0)
         return EnergySeries(f"estimated:tdp={tdp_w:g}W*cpu_load", t, joules)
     return None
 
@@ -146,23 +147,26 @@ def energy_summary(
     }
 
 
+def throttle_flags(sample: dict[str, Any]) -> list[str]:
+    """Why a telemetry sample says a device is throttling (empty: it is not): CPU
+    thermal-throttle events, or GPU clock-event reasons that hold the clocks back."""
+    out = []
+    if sample.get("cpu_temp", {}).get("throttled"):
+        out.append("cpu:thermal_throttle")
+    for g in sample.get("gpu", {}).get("gpus", []):
+        if g["throttled"]:
+            out += [f"gpu{g['index']}:{n}" for n in g["clock_reason_names"] if n != "gpu_idle"]
+    return out
+
+
 def throttle_intervals(samples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Intervals in which a device reported throttling: CPU thermal-throttle events, or GPU
     clock-event reasons that hold the clocks back (power cap, thermal, hardware slowdown)."""
 
-    def flags(s: dict[str, Any]) -> list[str]:
-        out = []
-        if s.get("cpu_temp", {}).get("throttled"):
-            out.append("cpu:thermal_throttle")
-        for g in s.get("gpu", {}).get("gpus", []):
-            if g["throttled"]:
-                out += [f"gpu{g['index']}:{n}" for n in g["clock_reason_names"] if n != "gpu_idle"]
-        return out
-
     intervals: list[dict[str, Any]] = []
     current: dict[str, Any] | None = None
     for s in samples:
-        f = flags(s)
+        f = throttle_flags(s)
         if f and current is None:
             current = {"start_s": s["t_s"], "end_s": s["t_s"], "reasons": sorted(set(f))}
         elif f and current is not None:

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgeprefill.thermal.energy import throttle_flags
+
 Sample = dict[str, Any]
 
 
@@ -24,11 +26,6 @@ def _temperatures(sample: Sample) -> list[float]:
         temps.append(sample["cpu_temp"]["c"])
     temps += [g["temp_c"] for g in sample.get("gpu", {}).get("gpus", [])]
     return temps
-
-
-def _throttled(sample: Sample) -> bool:
-    gpus = sample.get("gpu", {}).get("gpus", [])
-    return bool(sample.get("cpu_temp", {}).get("throttled")) or any(g["throttled"] for g in gpus)
 
 
 @dataclass(frozen=True)
@@ -59,7 +56,7 @@ class ThermalGuard:
             return
         s = self.settings
         reasons = []
-        if _throttled(sample):
+        if throttle_flags(sample):
             reasons.append("throttling")
         hottest = max(_temperatures(sample), default=None)
         if s.max_temp_c is not None and hottest is not None:

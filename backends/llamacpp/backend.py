@@ -14,15 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgeprefill.backends.base import Backend, BackendError, StepResult
 from edgeprefill.backends.llamacpp.model_file import check_model_file
 from edgeprefill.backends.llamacpp.native import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler
 from edgeprefill.backends.llamacpp.probe_cache import probe
 from edgeprefill.backends.llamacpp.shapes import Batching, Overrides, choose_settings
 from edgeprefill.backends.llamacpp.tokenizer import LlamaTokenizer
-from edgeprefill.runtime.errors import UserError
-from edgeprefill.runtime.request import SamplingParams
-from edgeprefill.runtime.scheduler import Capacity, SeqWork
+from edgeprefill.runtime.core.contract import Backend, BackendError, Capacity, SeqWork, StepResult
+from edgeprefill.runtime.core.errors import UserError
+from edgeprefill.runtime.core.request import SamplingParams
 
 LLAMA_MAX_SEQ = 256  # llama.h: sequences one context can hold
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edgeprefill.runtime.errors import UserError
+from edgeprefill.runtime.core.errors import UserError
 
 GGUF_MAGIC = b"GGUF"
 

@@ -16,8 +16,8 @@ from typing import Any
 import llama_cpp as lc
 import numpy as np
 
-from edgeprefill.runtime.request import SamplingParams
-from edgeprefill.runtime.scheduler import SeqWork
+from edgeprefill.runtime.core.contract import SeqWork
+from edgeprefill.runtime.core.request import SamplingParams
 
 _initialised = False
 _GGML_LOG_ERROR, _GGML_LOG_CONT = 4, 5  # ggml.h; llama-cpp-python's own table predates them

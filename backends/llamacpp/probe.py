@@ -20,8 +20,8 @@ import numpy as np
 
 from edgeprefill.backends.llamacpp.native import LlamaBatch, LlamaContext, LlamaModel
 from edgeprefill.backends.llamacpp.shapes import AttentionFacts
-from edgeprefill.runtime.request import SamplingParams
-from edgeprefill.runtime.scheduler import SeqWork
+from edgeprefill.runtime.core.contract import SeqWork
+from edgeprefill.runtime.core.request import SamplingParams
 
 log = logging.getLogger(__name__)
 

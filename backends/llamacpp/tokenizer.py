@@ -7,15 +7,25 @@ import ctypes
 import llama_cpp as lc
 
 from edgeprefill.backends.llamacpp.native import LlamaModel
+from edgeprefill.runtime.core.contract import plain_transcript
 
 _USER_MARK = "\x1eEDGEPREFILL_USER\x1e"
 
 
 class LlamaTokenizer:
+    """Reads the model's vocabulary, which lives inside the model's native memory: every
+    use checks that the model is still loaded, so a tokenizer kept after its backend was
+    closed raises instead of reading freed memory."""
+
     def __init__(self, model: LlamaModel) -> None:
         self._model = model
-        self._vocab = model.vocab
-        self.vocab_size = lc.llama_vocab_n_tokens(self._vocab)
+        self.vocab_size = lc.llama_vocab_n_tokens(model.vocab)
+
+    @property
+    def _vocab(self) -> object:
+        if not self._model.ptr:
+            raise RuntimeError("the model was closed with its backend: this tokenizer is unusable")
+        return self._model.vocab
 
     def encode(self, text: str, *, add_bos: bool, special: bool) -> list[int]:
         data = text.encode()
@@ -33,15 +43,24 @@ class LlamaTokenizer:
     def chat_parts(self, system: str | None) -> tuple[str, str]:
         """Render the model's template around a marker and split there, so prompts of an
         exact token length can be built by filling the middle."""
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": _USER_MARK}
+        ]
+        before, _, after = self.render_chat(messages).partition(_USER_MARK)
+        return before, after
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """A conversation in the model's own chat template, ending where the assistant's
+        answer starts; a base model without a template gets a plain transcript."""
+        self._vocab  # noqa: B018 (the check that the model is loaded)
         template = self._model.chat_template()
-        if template is None:  # a base model: a plain transcript it can continue
-            return ((system + "\n\n" if system else "") + "User: ", "\nAssistant:")
-        messages = ([("system", system)] if system else []) + [("user", _USER_MARK)]
-        keep = [(r.encode(), c.encode()) for r, c in messages]  # alive during the call
+        if template is None:
+            return plain_transcript(messages)
+        keep = [(m["role"].encode(), m["content"].encode()) for m in messages]  # alive
         chat = (lc.llama_chat_message * len(keep))(
             *(lc.llama_chat_message(role=r, content=c) for r, c in keep)
         )
-        size = 4096
+        size = 4096 + sum(len(c) for _, c in keep)
         buf = ctypes.create_string_buffer(size)
         n = lc.llama_chat_apply_template(template, chat, len(keep), True, buf, size)
         if n > size:
@@ -49,9 +68,13 @@ class LlamaTokenizer:
             n = lc.llama_chat_apply_template(template, chat, len(keep), True, buf, n)
         if n < 0:
             raise RuntimeError("llama.cpp could not apply the model's chat template")
-        rendered = buf.raw[:n].decode()
-        before, _, after = rendered.partition(_USER_MARK)
-        return before, after
+        return buf.raw[:n].decode()
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a token stands for (a character may span several tokens)."""
+        buf = ctypes.create_string_buffer(256)
+        n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        return buf.raw[: max(n, 0)]
 
     def is_normal(self, token: int) -> bool:
         return bool(lc.llama_vocab_get_attr(self._vocab, token) & lc.LLAMA_TOKEN_ATTR_NORMAL)
@@ -61,9 +84,4 @@ class LlamaTokenizer:
 
     def decode(self, tokens: list[int]) -> str:
         """Token ids back to text (for people reading results, not for the hot path)."""
-        out = bytearray()
-        buf = ctypes.create_string_buffer(256)
-        for t in tokens:
-            n = lc.llama_token_to_piece(self._vocab, t, buf, len(buf), 0, False)
-            out += buf.raw[: max(n, 0)]
-        return out.decode(errors="replace")
+        return b"".join(self.piece(t) for t in tokens).decode(errors="replace")

@@ -1,0 +1,1 @@
+"""Reading results: latency metrics, run folders, paired comparisons, reports and plots."""

@@ -1,0 +1,87 @@
+"""Latency and throughput, computed from request records alone.
+
+Definitions (vLLM's benchmark names): TTFT = first token - arrival; ITL = every gap between
+consecutive tokens of a request; TPOT = (E2E - TTFT) / (n - 1), for n > 1; E2E = last token -
+arrival. Percentiles are numpy's default (linear). Latency counts completed requests only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from itertools import pairwise
+from typing import Any
+
+import numpy as np
+
+LATENCIES = ("ttft", "itl", "tpot", "e2el")
+STATS = ("mean", "median", "p95", "p99")
+
+
+def request_latencies(rec: Mapping[str, Any]) -> dict[str, list[float]]:
+    """Seconds, per latency, for one completed request record."""
+    times = rec["token_times_s"]
+    if not times:
+        return {k: [] for k in LATENCIES}
+    ttft = times[0] - rec["arrival_s"]
+    e2el = times[-1] - rec["arrival_s"]
+    n = len(times)
+    return {
+        "ttft": [ttft],
+        "itl": [b - a for a, b in pairwise(times)],
+        "tpot": [(e2el - ttft) / (n - 1)] if n > 1 else [],
+        "e2el": [e2el],
+    }
+
+
+def _stats(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return dict.fromkeys(STATS)
+    a = np.asarray(values) * 1000.0
+    return {
+        "mean": float(a.mean()),
+        "median": float(np.median(a)),
+        "p95": float(np.percentile(a, 95)),
+        "p99": float(np.percentile(a, 99)),
+    }
+
+
+def completed(rec: Mapping[str, Any]) -> bool:
+    return rec["error"] is None and rec["finish_reason"] is not None
+
+
+def pooled_latencies(records: Iterable[Mapping[str, Any]]) -> dict[str, list[float]]:
+    """Seconds, per latency, over every completed request of `records`."""
+    pooled: dict[str, list[float]] = {k: [] for k in LATENCIES}
+    for rec in records:
+        if completed(rec):
+            for k, v in request_latencies(rec).items():
+                pooled[k].extend(v)
+    return pooled
+
+
+def class_summary(records: Iterable[Mapping[str, Any]], duration_s: float) -> dict[str, Any]:
+    """`mean_/median_/p95_/p99_` x `ttft_ms, itl_ms, tpot_ms, e2el_ms`, token totals and
+    throughputs over the run's duration, for one class of requests."""
+    recs = list(records)
+    done = [r for r in recs if completed(r)]
+    pooled = pooled_latencies(done)
+    out: dict[str, Any] = {"completed": len(done), "failed": len(recs) - len(done)}
+    for k in LATENCIES:
+        for stat, value in _stats(pooled[k]).items():
+            out[f"{stat}_{k}_ms"] = value
+    input_tokens = sum(r["prompt_tokens"] for r in done)
+    output_tokens = sum(len(r["output_token_ids"]) for r in done)
+    out["input_tokens"] = input_tokens
+    out["output_tokens"] = output_tokens
+    out["prefill_tok_s"] = input_tokens / duration_s if duration_s > 0 else None
+    out["output_tok_s"] = output_tokens / duration_s if duration_s > 0 else None
+    # The class's own span, first arrival to last token: how long its work took, which
+    # the run's duration hides when another class's arrivals set it.
+    span = (
+        max(r["token_times_s"][-1] for r in done) - min(r["arrival_s"] for r in done)
+        if done
+        else None
+    )
+    out["makespan_s"] = span
+    out["span_prefill_tok_s"] = input_tokens / span if span else None
+    return out

@@ -1,0 +1,93 @@
+"""A submitted request as its caller holds it: streamed tokens and text, status, result,
+timing, and cancellation, usable from any thread and from asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+
+from edgeprefill.runtime.core.request import Request, Status
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One sampled token and the text it completes (empty while a character spans tokens).
+    A last piece may carry only text (`token` None): bytes no later token completed."""
+
+    token: int | None
+    text: str
+    time_s: float  # on the runtime's clock
+
+
+_END = object()
+
+
+class RequestHandle:
+    """Filled by the runtime's engine thread; read by anyone.
+
+    Iterating (`for piece in handle`, or `async for` inside an event loop) yields each
+    `Piece` as it is sampled and ends when the request ends; one consumer per handle.
+    `result()` waits for the end and returns the request with its tokens and times."""
+
+    def __init__(
+        self, request: Request, piece: Callable[[int], bytes], cancel: Callable[[], None]
+    ) -> None:
+        self.request = request
+        self._piece = piece
+        self._cancel = cancel
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._events: queue.SimpleQueue[Piece | object] = queue.SimpleQueue()
+        self._done = threading.Event()
+
+    @property
+    def id(self) -> str:
+        return self.request.id
+
+    @property
+    def status(self) -> Status:
+        return self.request.status
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def cancel(self) -> None:
+        """Stop it at the next iteration boundary and free its sequence and KV cells; a
+        request that already ended stays as it ended. Safe to call twice."""
+        if not self.done:
+            self._cancel()
+
+    def result(self, timeout: float | None = None) -> Request:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.id} did not end within {timeout} s")
+        return self.request
+
+    @property
+    def ttft_s(self) -> float | None:
+        times = self.request.token_times_s
+        return times[0] - self.request.arrival_s if times else None
+
+    def __iter__(self) -> Iterator[Piece]:
+        while (event := self._events.get()) is not _END:
+            yield event  # type: ignore[misc]
+
+    async def __aiter__(self) -> AsyncIterator[Piece]:
+        while (event := await asyncio.to_thread(self._events.get)) is not _END:
+            yield event  # type: ignore[misc]
+
+    # --- called from the engine thread ---------------------------------------------
+    def _token(self, token: int) -> None:
+        """Called after the scheduler appended and stamped the token."""
+        time_s = self.request.token_times_s[-1]
+        self._events.put(Piece(token, self._decoder.decode(self._piece(token)), time_s))
+
+    def _end(self) -> None:
+        tail = self._decoder.decode(b"", final=True)
+        if tail:
+            self._events.put(Piece(None, tail, self.request.token_times_s[-1]))
+        self._done.set()
+        self._events.put(_END)

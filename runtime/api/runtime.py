@@ -1,0 +1,214 @@
+"""The embedding API: one engine thread over a backend and a budget policy, fed from any
+thread.
+
+A desktop assistant holds one `Runtime`, sends the person's conversation with `chat()`,
+hands documents to the indexer with `index()`, and streams each answer from the handle it
+gets back. Every request goes through the same scheduler and policy as `edgeprefill run`:
+chats are foreground, documents background, and the policy decides each iteration how
+many prompt tokens ride along with the decodes.
+
+Only the engine thread touches the engine: `submit`, `cancel` and `shutdown` put commands
+on a queue that it drains between iterations, so a cancelled request's sequence and KV
+cells are freed before the next iteration and no other request is disturbed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from edgeprefill.runtime.api.handle import RequestHandle
+from edgeprefill.runtime.core.budget import BudgetPolicy
+from edgeprefill.runtime.core.contract import Backend
+from edgeprefill.runtime.core.engine import Engine
+from edgeprefill.runtime.core.profile import DeviceProfile
+from edgeprefill.runtime.core.request import Request, RequestClass, SamplingParams
+from edgeprefill.runtime.core.scheduler import BackgroundLimits
+from edgeprefill.runtime.policies import parse_policy
+from edgeprefill.runtime.runner.results import RunWriter
+
+log = logging.getLogger(__name__)
+
+INDEX_INSTRUCTION = "Summarize the text above."
+
+
+class Runtime:
+    """Owns the engine thread; the caller owns the backend (close it after the runtime)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        policy: BudgetPolicy | str = "static:64",
+        *,
+        profile: DeviceProfile | None = None,
+        limits: BackgroundLimits | None = None,
+        results: Path | None = None,
+    ) -> None:
+        """`results`: a folder that gets `requests.jsonl` and `iterations.jsonl` as the
+        run goes and `summary.json` at shutdown, as `edgeprefill run` writes them."""
+        self.backend = backend
+        self.policy = parse_policy(policy) if isinstance(policy, str) else policy
+        self.engine = Engine(backend, self.policy, limits=limits, profile=profile)
+        self._writer = RunWriter(results) if results is not None else None
+        self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._handles: dict[str, RequestHandle] = {}
+        self._ids = itertools.count()
+        self._ids_lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="edgeprefill-engine", daemon=True)
+        self._thread.start()
+
+    # --- requests in, from any thread ------------------------------------------------
+    def submit(
+        self,
+        prompt: list[int],
+        *,
+        max_tokens: int,
+        cls: RequestClass = "foreground",
+        sampling: SamplingParams | None = None,
+        ignore_eos: bool = False,
+        request_id: str | None = None,
+    ) -> RequestHandle:
+        """Queue prompt token ids; the returned handle streams the answer."""
+        if self._closed:
+            raise RuntimeError("the runtime was shut down: create a new one to submit")
+        with self._ids_lock:
+            rid = request_id or f"{'chat' if cls == 'foreground' else 'doc'}-{next(self._ids)}"
+        req = Request(
+            rid,
+            cls,
+            self.engine.clock.now(),
+            list(prompt),
+            max_tokens,
+            sampling=sampling or SamplingParams(),
+            ignore_eos=ignore_eos,
+        )
+        handle = RequestHandle(req, self.backend.tokenizer.piece, lambda: self._cancel(req))
+        self._commands.put(("add", handle))
+        return handle
+
+    def chat(
+        self, messages: list[dict[str, str]] | list[int], *, max_tokens: int = 256, **kw: Any
+    ) -> RequestHandle:
+        """A foreground answer to a conversation: {role, content} messages rendered with
+        the model's own chat template, or token ids as they are."""
+        return self.submit(self._prompt(messages), max_tokens=max_tokens, **kw)
+
+    def index(
+        self,
+        document: str | list[int],
+        *,
+        instruction: str = INDEX_INSTRUCTION,
+        max_tokens: int = 64,
+        **kw: Any,
+    ) -> RequestHandle:
+        """A background request that reads a document (text or token ids) and answers
+        `instruction` about it, for an indexer's summaries or tags."""
+        if isinstance(document, str):
+            content = f"{document}\n\n{instruction}" if instruction else document
+            document = self._prompt([{"role": "user", "content": content}])
+        return self.submit(document, max_tokens=max_tokens, cls="background", **kw)
+
+    def _prompt(self, messages: list[dict[str, str]] | list[int]) -> list[int]:
+        if all(isinstance(m, int) for m in messages):
+            return list(messages)  # type: ignore[arg-type]
+        text = self.backend.tokenizer.render_chat(messages)  # type: ignore[arg-type]
+        return self.backend.tokenizer.encode(text, add_bos=True, special=True)
+
+    def _cancel(self, req: Request) -> None:
+        self._commands.put(("cancel", req))
+
+    # --- shutting down ------------------------------------------------------------------
+    def shutdown(self, *, cancel: bool = False, timeout: float | None = None) -> None:
+        """Stop accepting requests; finish what is in flight (or cancel it), then stop the
+        engine thread and write the summary when results are kept."""
+        if not self._closed:
+            self._closed = True
+            self._commands.put(("stop", cancel))
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the engine thread did not stop within {timeout} s")
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.shutdown(cancel=exc is not None)
+
+    # --- the engine thread ------------------------------------------------------------
+    def _loop(self) -> None:
+        stopping = False
+        try:
+            while True:
+                idle = not self.engine.has_work
+                if stopping and idle:
+                    break
+                stopping = self._drain(block=idle and not stopping) or stopping
+                if not self.engine.has_work:
+                    continue
+                it = self.engine.step()
+                if it is None:
+                    continue
+                if self._writer is not None:
+                    self._writer.iteration(it)
+                for rid, token in it.sampled.items():
+                    self._handles[rid]._token(token)
+                for req in it.finished:
+                    self._ended(req)
+        except BaseException:
+            log.exception("the engine thread failed; failing every request in flight")
+            for req in self.engine.abort("the engine thread failed"):
+                self._ended(req)
+            raise
+        finally:
+            self._finish()
+
+    def _drain(self, block: bool) -> bool:
+        """Apply queued commands; True once a stop was asked for."""
+        stop = False
+        while True:
+            try:
+                kind, arg = self._commands.get(block=block, timeout=0.1 if block else None)
+            except queue.Empty:
+                return stop
+            block = False
+            if kind == "add":
+                self._handles[arg.id] = arg
+                if not self.engine.add(arg.request):
+                    self._ended(arg.request)
+            elif kind == "cancel":
+                if self.engine.cancel(arg):
+                    self._ended(arg)
+            elif kind == "stop":
+                stop = True
+                if arg:
+                    for req in self.engine.abort("cancelled at shutdown"):
+                        self._ended(req)
+
+    def _ended(self, req: Request) -> None:
+        if self._writer is not None:
+            self._writer.request(req)
+        handle = self._handles.pop(req.id, None)
+        if handle is not None:
+            handle._end()
+
+    def _finish(self) -> None:
+        if self._writer is not None:
+            meta = {
+                "backend": self.backend.describe(),
+                "policy": {**self.policy.describe(), "spec": self.policy.name},
+                "workload": {"name": "runtime", "path": None},
+            }
+            now = self.engine.clock.now()
+            self._writer.write_summary(self._writer.summary(meta, now, False, 0))
+            self._writer.close()

@@ -1,0 +1,1 @@
+"""`edgeprefill`: the command line (`main.py`) and its console output (`console.py`)."""

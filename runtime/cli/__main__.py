@@ -1,0 +1,3 @@
+from edgeprefill.runtime.cli.main import main
+
+main()

@@ -1,0 +1,82 @@
+"""What a person sees at the end of a run: a fixed-width summary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgeprefill.runtime.core.request import CLASSES
+
+WIDTH = 56
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return str(value)
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    title = " edgeprefill run (SIMULATED) " if s.get("simulated") else " edgeprefill run "
+    lines = [f"{title:=^{WIDTH}}"]
+    rows: list[tuple[str, Any]] = [
+        ("Backend:", s["backend"]["name"]),
+        ("Model:", s["backend"].get("model_description", s["backend"].get("model"))),
+        ("Policy:", s["policy"]["spec"]),
+        ("Workload:", f"{s['workload']['name']} (seed {s['seed']})"),
+        ("Completed / failed:", f"{s['completed']} / {s['failed']}"),
+        ("Interrupted:", "yes" if s["interrupted"] else "no"),
+        ("Duration (s):", s["duration_s"]),
+        ("Makespan (s):", s["makespan_s"]),
+        ("Iterations:", s["iterations"]),
+        ("Accounting reconciled:", "yes" if s["accounting"]["reconciled"] else "NO"),
+    ]
+    lines += [f"{k:<34}{_fmt(v):>22}" for k, v in rows]
+    batching = s["backend"].get("batching")
+    if batching is not None:  # the reason is longer than a table cell
+        exact = "bit-identical shapes" if batching["exact"] else "outputs may depend on batching"
+        lines.append(f"Batching: {batching['mode']} ({exact}); {batching['reason']}")
+        probe = s["backend"]["probe"]
+        lines.append(f"Device probe: {probe['source']} ({probe['path']})")
+    for cls in CLASSES:
+        c = s[cls]
+        lines.append(f"{' ' + cls + ' ':-^{WIDTH}}")
+        lines.append(f"{'Completed / failed:':<34}{c['completed']:>10} / {c['failed']:<9}")
+        for label, key in (("TTFT", "ttft"), ("ITL", "itl"), ("TPOT", "tpot"), ("E2E", "e2el")):
+            for stat, name in (
+                ("mean", "Mean"),
+                ("median", "Median"),
+                ("p95", "P95"),
+                ("p99", "P99"),
+            ):
+                lines.append(
+                    f"{name + ' ' + label + ' (ms):':<34}{_fmt(c[f'{stat}_{key}_ms']):>22}"
+                )
+        lines.append(
+            f"{'Input / output tokens:':<34}{c['input_tokens']:>10} / {c['output_tokens']:<9}"
+        )
+        lines.append(f"{'Prefill throughput (tok/s):':<34}{_fmt(c['prefill_tok_s']):>22}")
+        lines.append(f"{'Output throughput (tok/s):':<34}{_fmt(c['output_tok_s']):>22}")
+    lines += _energy_lines(s.get("energy"))
+    lines.append("=" * WIDTH)
+    return "\n".join(lines)
+
+
+def _energy_lines(energy: dict[str, Any] | None) -> list[str]:
+    """Energy per output token with its source, or each device's reason it has none."""
+    if energy is None:
+        return []
+    lines = [f"{' energy ':-^{WIDTH}}"]
+    for device, source in energy["sources"].items():
+        if isinstance(source, str):
+            lines.append(f"{device.upper() + ' source:':<20}{source:>36}")
+        else:
+            lines.append(f"{device.upper() + ':':<20}unavailable ({source['reason']})")
+    whole = energy.get("whole_run")
+    if whole:
+        per = whole["j_per_output_token"]
+        lines.append(f"{'Energy (J):':<34}{_fmt(whole['joules_total']):>22}")
+        for key in ("all", "foreground", "background"):
+            lines.append(f"{'J per output token, ' + key + ':':<34}{_fmt(per[key]):>22}")
+    return lines

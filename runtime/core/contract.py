@@ -1,0 +1,159 @@
+"""The backend seam: one planned iteration in, sampled tokens and completed time out.
+
+Everything a backend needs from the runtime is here, so backends import only the core.
+
+The runtime owns all scheduling; a backend only owns the device's resources (weights, KV
+cache, batch buffers, samplers) and runs exactly the batch it is given.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol
+
+from edgeprefill.runtime.core.plan import IterationTiming
+from edgeprefill.runtime.core.request import SamplingParams
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What the backend can hold at once."""
+
+    n_batch: int  # most tokens in one forward pass
+    n_ctx: int  # KV cells of all sequences together
+    n_seq_max: int  # sequences at once
+    n_ctx_seq: int  # KV cells one sequence may hold (n_ctx when the pool is shared)
+    # Prompt chunk sizes that keep greedy output independent of the budget. A backend whose
+    # kernels compute some piece sizes differently (ggml's CPU attention for short pieces,
+    # its repacked matmuls for rows beyond a multiple of four) sets these from what it
+    # measured; the scheduler then never plans a chunk, nor leaves a remainder, shorter
+    # than min_chunk, and cuts a prompt only at multiples of chunk_quantum (a prompt's last
+    # piece may have any size), unless the budget itself is below min_chunk.
+    min_chunk: int = 1
+    max_chunk: int | None = None  # most prompt tokens of one request per iteration
+    chunk_quantum: int = 1
+
+    def __post_init__(self) -> None:
+        values = (self.n_batch, self.n_ctx, self.n_seq_max, self.n_ctx_seq, self.min_chunk)
+        if min(*values, self.chunk_quantum) < 1:
+            raise ValueError(f"capacity values must be positive: {self}")
+
+
+@dataclass(frozen=True)
+class SeqWork:
+    """One sequence's slice of an iteration's batch."""
+
+    seq_id: int
+    tokens: list[int]
+    pos: int  # position of tokens[0]; each sequence continues at its last position + 1
+    sample: SamplingParams | None  # sample a token after the last one, with these params
+
+    @property
+    def is_decode(self) -> bool:
+        return len(self.tokens) == 1 and self.sample is not None
+
+    @property
+    def ctx_work(self) -> int:
+        """KV cells its tokens attend to: positions pos+1 .. pos+len, summed."""
+        n = len(self.tokens)
+        return n * self.pos + n * (n + 1) // 2
+
+
+def timing_of(work: list[SeqWork], duration_s: float, **extra: Any) -> IterationTiming:
+    """A completed iteration's timing, its composition counted from the batch it ran."""
+    return IterationTiming(
+        duration_s=duration_s,
+        n_decode=sum(w.is_decode for w in work),
+        n_prefill=sum(len(w.tokens) for w in work if not w.is_decode),
+        n_chunks=sum(not w.is_decode for w in work),
+        ctx_work=sum(w.ctx_work for w in work),
+        n_sampled=sum(w.sample is not None for w in work),
+        **extra,
+    )
+
+
+class Tokenizer(Protocol):
+    """The model's own tokenizer, as workloads need it to build prompts."""
+
+    vocab_size: int
+
+    def encode(self, text: str, *, add_bos: bool, special: bool) -> list[int]: ...
+
+    def chat_parts(self, system: str | None) -> tuple[str, str]:
+        """The model's chat template around one user message: (text before, text after)."""
+        ...
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """A conversation ({role, content} messages) in the model's chat template, ending
+        where the assistant's answer starts."""
+        ...
+
+    def piece(self, token: int) -> bytes:
+        """The bytes one token stands for; text is their concatenation, decoded."""
+        ...
+
+    def is_normal(self, token: int) -> bool:
+        """A plain text token (not control, byte or unused), for synthetic prompts."""
+        ...
+
+    def is_eog(self, token: int) -> bool: ...
+
+
+def plain_transcript(messages: list[dict[str, str]]) -> str:
+    """A conversation as plain text a base model (one without a chat template) continues."""
+    parts = []
+    for m in messages:
+        if m["role"] == "system":
+            parts.append(m["content"] + "\n\n")
+        else:
+            parts.append(("User: " if m["role"] == "user" else "Assistant: ") + m["content"] + "\n")
+    return "".join(parts) + "Assistant:"
+
+
+@dataclass(frozen=True)
+class StepResult:
+    duration_s: float  # the completed forward pass, measured where the work finishes
+    sampled: dict[int, int]  # sequence id -> sampled token, for work that asked for one
+
+
+class BackendError(RuntimeError):
+    """The device refused an iteration; the requests in it fail, the run goes on."""
+
+
+class Backend(ABC):
+    name: str
+    capacity: Capacity
+    tokenizer: Tokenizer
+    # A backend with its own clock (the simulated one's is virtual) sets it; runs on it
+    # then stamp every time with that clock instead of the wall clock.
+    clock: Any = None
+
+    @abstractmethod
+    def execute(self, work: Sequence[SeqWork]) -> StepResult:
+        """Run one iteration holding every slice of `work` in one forward pass."""
+
+    @abstractmethod
+    def release(self, seq_id: int) -> None:
+        """Forget a finished or cancelled sequence: its KV cells and sampler state."""
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """Backend and model facts for summary.json."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Free native resources; idempotent."""
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

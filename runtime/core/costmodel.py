@@ -1,0 +1,105 @@
+"""Iteration time as a function of what the iteration holds.
+
+    t = per_pass * passes + per_decode * n_sampled + per_prefill * n_prefill
+        + per_kctx * ctx_work / 1000
+
+`passes` counts the groups a backend runs (on llama.cpp: one for all decodes plus one per
+prompt chunk, each streaming the weights once); `n_sampled` the rows whose logits are
+computed and sampled (each decode, and a chunk that ends its prompt: with a 262k-token
+vocabulary that output projection costs a small model more than a dozen prompt tokens);
+`ctx_work` is the attention work (KV cells attended, summed over tokens). Fitted by
+non-negative least squares from completed iterations: at startup from a short probe, online
+inside the cadence policy, and offline from a run's iterations.jsonl for the simulated
+backend. (`per_decode_s` keeps its name, from before chunks that end a prompt counted, so
+saved cost models still load: it is the cost of a sampled row.)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from scipy.optimize import nnls
+
+from edgeprefill.runtime.core.plan import IterationTiming
+
+
+def passes(n_decode: int, n_chunks: int) -> int:
+    return (1 if n_decode else 0) + n_chunks
+
+
+def features(t: IterationTiming) -> list[float]:
+    return [passes(t.n_decode, t.n_chunks), t.sampled, t.n_prefill, t.ctx_work / 1000.0]
+
+
+def _matrix(timings: Sequence[IterationTiming]) -> tuple[np.ndarray, np.ndarray]:
+    x = np.array([features(t) for t in timings], dtype=float).reshape(-1, 4)
+    return x, np.array([t.duration_s for t in timings], dtype=float)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    per_pass_s: float
+    per_decode_s: float
+    per_prefill_s: float
+    per_kctx_s: float
+    n_samples: int = 0
+    rmse_s: float | None = None
+
+    def predict(
+        self,
+        n_decode: int,
+        n_prefill: int,
+        n_chunks: int,
+        ctx_work: int,
+        n_sampled: int | None = None,  # None: only the decodes are sampled
+    ) -> float:
+        return (
+            self.per_pass_s * passes(n_decode, n_chunks)
+            + self.per_decode_s * (n_decode if n_sampled is None else n_sampled)
+            + self.per_prefill_s * n_prefill
+            + self.per_kctx_s * ctx_work / 1000.0
+        )
+
+    def max_prefill(self, target_s: float, n_decode: int, decode_ctx: int, start_pos: int) -> int:
+        """The most prompt tokens one chunk starting at `start_pos` may hold, beside
+        `n_decode` decodes attending to `decode_ctx` cells, for the iteration to be predicted
+        at or under `target_s`. 0 when even the decodes alone are predicted over it."""
+        base = self.predict(n_decode, 0, 1, decode_ctx)  # the chunk's pass included
+        if base >= target_s:
+            return 0
+        # per_kctx/1000 * (c*start + c(c+1)/2) + per_prefill * c <= target - base
+        a = self.per_kctx_s / 2000.0
+        b = self.per_prefill_s + self.per_kctx_s * (start_pos + 0.5) / 1000.0
+        room = target_s - base
+        if a <= 0:
+            return int(room / b) if b > 0 else 1 << 30
+        return int((-b + math.sqrt(b * b + 4 * a * room)) / (2 * a))
+
+    @property
+    def coef(self) -> np.ndarray:
+        return np.array([self.per_pass_s, self.per_decode_s, self.per_prefill_s, self.per_kctx_s])
+
+    def residuals(self, timings: Sequence[IterationTiming]) -> np.ndarray:
+        """Measured minus predicted duration of each iteration, in seconds."""
+        x, y = _matrix(timings)
+        return y - x @ self.coef
+
+    @classmethod
+    def fit(cls, timings: Sequence[IterationTiming]) -> CostModel:
+        if len(timings) < 4:
+            raise ValueError(f"need at least 4 iterations to fit a cost model, got {len(timings)}")
+        x, y = _matrix(timings)
+        coef, _ = nnls(x, y)
+        rmse = float(np.sqrt(np.mean((y - x @ coef) ** 2)))
+        return cls(*map(float, coef), n_samples=len(timings), rmse_s=rmse)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CostModel:
+        return cls(**d)

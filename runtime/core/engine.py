@@ -1,0 +1,149 @@
+"""The engine: one iteration is plan, execute, observe, update, record.
+
+This is also the embedding API: a desktop assistant creates an `Engine` over a backend and a
+policy, `add()`s requests as they come, and calls `step()` in its own loop.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgeprefill.runtime.core.budget import BackgroundCap, BudgetPolicy
+from edgeprefill.runtime.core.contract import Backend, BackendError, timing_of
+from edgeprefill.runtime.core.plan import IterationTiming, Plan
+from edgeprefill.runtime.core.profile import DeviceProfile
+from edgeprefill.runtime.core.request import Request
+from edgeprefill.runtime.core.scheduler import BackgroundLimits, Scheduler
+
+
+class RunClock:
+    """Seconds since the run started; every timestamp in a run's results uses it."""
+
+    def __init__(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+@dataclass(frozen=True)
+class Iteration:
+    """One completed (or failed) iteration, as written to iterations.jsonl."""
+
+    t_start_s: float
+    plan: Plan
+    timing: IterationTiming
+    prefill_by_class: dict[str, int]
+    policy_state: dict[str, Any]
+    finished: list[Request] = field(default_factory=list)
+    sampled: dict[str, int] = field(default_factory=dict)  # request id -> its new token
+    error: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "t_start_s": self.t_start_s,
+            "duration_s": self.timing.duration_s,
+            "budget": self.plan.budget,
+            "background_cap": self.plan.background_cap,
+            "n_decode": self.plan.n_decode,
+            "n_decode_foreground": self.timing.n_decode_foreground,
+            "n_prefill": self.plan.n_prefill,
+            "n_prefill_foreground": self.prefill_by_class.get("foreground", 0),
+            "n_prefill_background": self.prefill_by_class.get("background", 0),
+            "n_chunks": self.timing.n_chunks,
+            "ctx_work": self.timing.ctx_work,
+            "n_sampled": self.timing.n_sampled,
+            "host_s": self.timing.host_s,
+            "policy": self.policy_state,
+            "error": self.error,
+        }
+
+
+class Engine:
+    def __init__(
+        self,
+        backend: Backend,
+        policy: BudgetPolicy,
+        *,
+        limits: BackgroundLimits | None = None,
+        clock: RunClock | None = None,
+        profile: DeviceProfile | None = None,
+        guard: BackgroundCap | None = None,
+    ) -> None:
+        self.backend = backend
+        self.policy = policy
+        self.guard = guard
+        self.clock = clock or backend.clock or RunClock()
+        if profile is not None:
+            policy.calibrate(profile)
+        policy.check_ready()
+        self.scheduler = Scheduler(
+            backend.capacity,
+            is_eog=backend.tokenizer.is_eog,
+            release=backend.release,
+            limits=limits,
+        )
+        self.last: IterationTiming | None = None
+        self._device_done: float | None = None  # when the last device call returned
+
+    def add(self, req: Request) -> bool:
+        """Submit an arrived request; False if it failed at once (see `req.error`)."""
+        return self.scheduler.add(req)
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    def step(self) -> Iteration | None:
+        """Run one iteration; None when nothing could be scheduled."""
+        t_start = self.clock.now()
+        budget = self.policy.budget(self.scheduler.state(self.last))
+        background_cap = None
+        if self.guard is not None:
+            self.guard.update()
+            background_cap = self.guard.background_cap(budget, self.backend.capacity.n_batch)
+        plan = self.scheduler.plan(budget, background_cap)
+        if plan.empty:
+            self._device_done = None  # idle until work arrives: not host overhead
+            return None
+        by_id = {r.id: r for r in self.scheduler.running}
+        by_class = {"foreground": 0, "background": 0}
+        for rid, n in plan.prefill.items():
+            by_class[by_id[rid].cls] += n
+        n_fg = sum(by_id[rid].cls == "foreground" for rid in plan.decode)
+        work = self.scheduler.work(plan)
+        started = self.clock.now()
+        host_s = None if self._device_done is None else started - self._device_done
+        try:
+            result = self.backend.execute(work)
+        except BackendError as e:
+            self._device_done = None
+            failed = self.scheduler.fail_plan(plan, str(e))
+            timing = IterationTiming(self.clock.now() - t_start, 0, 0, 0, plan.budget)
+            return Iteration(t_start, plan, timing, by_class, {}, failed, error=str(e))
+        timing = timing_of(
+            work, result.duration_s, n_decode_foreground=n_fg, budget=plan.budget, host_s=host_s
+        )
+        self._device_done = self.clock.now()
+        self.policy.observe(timing)
+        self.last = timing
+        seq_to_id = {r.seq_id: r.id for r in self.scheduler.running}
+        sampled = {seq_to_id[seq]: token for seq, token in result.sampled.items()}
+        finished = self.scheduler.update(plan, result.sampled, self.clock.now())
+        state = self.policy.snapshot()
+        if self.guard is not None:
+            state = {**state, "thermal": self.guard.snapshot()}
+        return Iteration(t_start, plan, timing, by_class, state, finished, sampled)
+
+    def cancel(self, req: Request) -> bool:
+        """End one request between iterations (see `Scheduler.cancel`)."""
+        return self.scheduler.cancel(req)
+
+    def abort(self, reason: str) -> list[Request]:
+        """Fail every waiting and running request (the run is stopping)."""
+        return self.scheduler.abort(reason)

@@ -1,0 +1,286 @@
+"""Continuous batching with a per-iteration prefill budget.
+
+There is no prefill phase and no decode phase: each iteration every running decode gets its
+one token (decode first, so a chat never stalls behind a document), then prompt chunks fill
+what the budget allows, foreground prompts before background ones. A foreground prompt that
+arrives while a document is being read is served from the next iteration on: background work
+is preempted at chunk boundaries, never dropped.
+
+Admission is check-then-act on two resources the backend reports: sequence slots and KV
+cells. A request reserves every cell it can ever use when admitted, so a running request
+never runs out of cache; background work may hold only some of the sequences and must leave
+some cells free (`BackgroundLimits`), so a burst of documents cannot lock the assistant out.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from edgeprefill.runtime.core.contract import Capacity, SeqWork
+from edgeprefill.runtime.core.plan import IterationTiming, Plan, SchedState
+from edgeprefill.runtime.core.request import CLASSES, Request, RequestClass, Status
+
+
+@dataclass(frozen=True)
+class BackgroundLimits:
+    """How much of the device background work may hold, so a burst of documents cannot
+    lock the assistant out: sequences, and KV cells it must leave free for foreground."""
+
+    max_seqs: int | None = None  # None: half of n_seq_max (at least 1)
+    foreground_kv_cells: int | None = None  # None: an eighth of n_ctx
+
+    def resolve(self, capacity: Capacity) -> tuple[int, int]:
+        """(max background sequences, KV cells kept for foreground) for this device."""
+        seqs = self.max_seqs if self.max_seqs is not None else max(capacity.n_seq_max // 2, 1)
+        kv = self.foreground_kv_cells
+        kv = kv if kv is not None else capacity.n_ctx // 8
+        if not 1 <= seqs <= capacity.n_seq_max:
+            raise ValueError(
+                f"background sequences must be between 1 and n_seq_max ({capacity.n_seq_max}), "
+                f"got {seqs}"
+            )
+        if not 0 <= kv < capacity.n_ctx:
+            raise ValueError(
+                f"foreground KV reserve must be between 0 and n_ctx - 1 ({capacity.n_ctx - 1}), "
+                f"got {kv}"
+            )
+        return seqs, kv
+
+
+class Scheduler:
+    def __init__(
+        self,
+        capacity: Capacity,
+        is_eog: Callable[[int], bool],
+        release: Callable[[int], None],
+        limits: BackgroundLimits | None = None,
+    ) -> None:
+        if capacity.n_seq_max > capacity.n_batch:
+            raise ValueError(
+                f"n_seq_max ({capacity.n_seq_max}) must not exceed n_batch "
+                f"({capacity.n_batch}): every decode needs a batch slot"
+            )
+        self.capacity = capacity
+        self.max_background_seqs, self.foreground_kv_cells = (limits or BackgroundLimits()).resolve(
+            capacity
+        )
+        self._is_eog = is_eog
+        self._release = release
+        self.waiting: dict[RequestClass, deque[Request]] = {c: deque() for c in CLASSES}
+        self.running: list[Request] = []  # admission order
+        self._free_seqs = list(range(capacity.n_seq_max))  # a heap: lowest id first
+        self.kv_free = capacity.n_ctx
+
+    # --- requests in ----------------------------------------------------------------
+    def add(self, req: Request) -> bool:
+        """Queue an arrived request, or fail it now if it could never run."""
+        reason = self._never_fits(req)
+        if reason:
+            req.fail(reason)
+            return False
+        self.waiting[req.cls].append(req)
+        return True
+
+    def _never_fits(self, req: Request) -> str | None:
+        if req.prompt_len == 0:
+            return "empty prompt: nothing to prefill"
+        if req.max_tokens < 1:
+            return f"max_tokens must be at least 1, got {req.max_tokens}"
+        cap = self.capacity
+        limit, where = cap.n_ctx_seq, f"a sequence holds {cap.n_ctx_seq}"
+        bg_limit = cap.n_ctx - self.foreground_kv_cells
+        if req.cls == "background" and bg_limit < limit:
+            limit, where = bg_limit, f"background work may use {bg_limit} of {cap.n_ctx}"
+        if req.kv_cells > limit:
+            return (
+                f"prompt of {req.prompt_len} tokens plus {req.max_tokens} output tokens needs "
+                f"{req.kv_cells} KV cells but {where}; raise --n-ctx or shorten the prompt"
+            )
+        return None
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running) or any(self.waiting.values())
+
+    # --- one iteration --------------------------------------------------------------
+    def state(self, last: IterationTiming | None = None) -> SchedState:
+        decodes = [r for r in self.running if r.status is Status.DECODE]
+        head = next(self._prefill_order(), None)
+        return SchedState(
+            n_prefill_running=sum(r.status is Status.PREFILL for r in self.running),
+            n_prefill_waiting=sum(len(q) for q in self.waiting.values()),
+            n_decode=len(decodes),
+            n_decode_foreground=sum(r.cls == "foreground" for r in decodes),
+            n_batch=self.capacity.n_batch,
+            last=last,
+            decode_ctx=sum(r.prompt_len + r.decode_tokens_fed + 1 for r in decodes),
+            next_prefill_pos=head.num_computed if head is not None else 0,
+            next_prefill_left=head.remaining_prompt if head is not None else 0,
+        )
+
+    def plan(self, budget: int | None, background_cap: int | None = None) -> Plan:
+        """Decode tokens first, then prompt chunks up to `budget` (None: fill n_batch), of
+        which background prompts get at most `background_cap`. Admits waiting requests
+        whose chunk is planned."""
+        decode = tuple(r.id for r in self.running if r.status is Status.DECODE)
+        room = self.capacity.n_batch - len(decode)
+        left = budget_cap = room if budget is None else max(0, min(budget, room))
+        bg_left = bg_cap = left if background_cap is None else min(background_cap, left)
+        prefill: dict[str, int] = {}
+        for req in self._prefill_order():
+            if left == 0:
+                break
+            if req.cls == "background":
+                avail, full = min(left, bg_left), left == budget_cap and bg_left == bg_cap
+            else:
+                avail, full = left, left == budget_cap
+            n = self._chunk(req.remaining_prompt, avail, full, room) if avail else 0
+            if n == 0:
+                continue
+            if req.status is Status.WAITING:
+                self._admit(req)
+            prefill[req.id] = n
+            left -= n
+            if req.cls == "background":
+                bg_left -= n
+        return Plan(budget=budget, decode=decode, prefill=prefill, background_cap=background_cap)
+
+    def _chunk(self, remaining: int, left: int, full: bool, room: int) -> int:
+        """The largest chunk within `left` that is a multiple of `chunk_quantum`, not
+        shorter than `min_chunk`, and leaves no shorter remainder, so every piece is
+        computed the same way whatever the budget. 0 means wait for a larger leftover; a
+        request given the whole budget always progresses. The last tokens of a prompt that
+        no budget below them can cut into valid pieces are taken whole (exceeding the
+        budget by less than two pieces' minimum) rather than computed as a short piece."""
+        hard = min(room, self.capacity.max_chunk or room)
+        cap = min(left, hard)
+        if remaining <= cap:
+            return remaining
+        lo, q = self.capacity.min_chunk, self.capacity.chunk_quantum
+        n = min(cap, remaining - lo) // q * q
+        if n >= lo:
+            return n
+        shortest = -(-lo // q) * q  # the shortest piece that is not a prompt's last
+        if full and remaining - lo < shortest and remaining <= hard:
+            return remaining
+        return cap if full else 0
+
+    def _prefill_order(self) -> Iterator[Request]:
+        """Foreground before background; within a class, started prompts first, then
+        arrivals in order (FCFS: a waiting request that does not fit blocks later ones of
+        its class, so a long document is not starved by short ones). Lazy, so each
+        admission is seen by the next check."""
+        for cls in CLASSES:
+            yield from (r for r in self.running if r.cls == cls and r.status is Status.PREFILL)
+            for req in list(self.waiting[cls]):
+                if not self._can_admit(req):
+                    break
+                yield req
+
+    def _can_admit(self, req: Request) -> bool:
+        if not self._free_seqs:
+            return False
+        if req.cls == "foreground":
+            return req.kv_cells <= self.kv_free
+        n_bg = sum(r.cls == "background" for r in self.running)
+        return (
+            n_bg < self.max_background_seqs
+            and req.kv_cells <= self.kv_free - self.foreground_kv_cells
+        )
+
+    def _admit(self, req: Request) -> None:
+        self.waiting[req.cls].remove(req)
+        req.seq_id = heapq.heappop(self._free_seqs)
+        req.status = Status.PREFILL
+        self.kv_free -= req.kv_cells
+        self.running.append(req)
+
+    def work(self, plan: Plan) -> list[SeqWork]:
+        """The plan as batch slices: token ids, positions, and where to sample."""
+        by_id = {r.id: r for r in self.running}
+        out: list[SeqWork] = []
+        for rid in plan.decode:
+            r = by_id[rid]
+            pos = r.prompt_len + r.decode_tokens_fed
+            out.append(SeqWork(r.seq_id, [r.output[-1]], pos, r.sampling))  # type: ignore[arg-type]
+        for rid, n in plan.prefill.items():
+            r = by_id[rid]
+            chunk = r.prompt[r.num_computed : r.num_computed + n]
+            last = r.num_computed + n == r.prompt_len
+            out.append(SeqWork(r.seq_id, chunk, r.num_computed, r.sampling if last else None))  # type: ignore[arg-type]
+        return out
+
+    def update(self, plan: Plan, sampled: dict[int, int], now_s: float) -> list[Request]:
+        """Apply a completed iteration: advance prompts, append sampled tokens (keyed by
+        sequence), finish requests that stopped. Returns the requests that finished."""
+        by_id = {r.id: r for r in self.running}
+        for rid, n in plan.prefill.items():
+            r = by_id[rid]
+            r.num_computed += n
+            if r.remaining_prompt == 0:
+                r.status = Status.DECODE
+        by_seq = {r.seq_id: r for r in self.running}
+        finished: list[Request] = []
+        for seq, token in sampled.items():
+            r = by_seq[seq]
+            r.output.append(token)
+            r.token_times_s.append(now_s)
+            if self._is_eog(token) and not r.ignore_eos:
+                r.finish_reason = "stop"
+            elif len(r.output) >= r.max_tokens:
+                r.finish_reason = "length"
+            else:
+                continue
+            r.status = Status.FINISHED
+            self._retire(r)
+            finished.append(r)
+        return finished
+
+    # --- failures -------------------------------------------------------------------
+    def fail_plan(self, plan: Plan, reason: str) -> list[Request]:
+        """Fail every request of an iteration the backend could not run."""
+        ids = set(plan.num_scheduled_tokens)
+        failed = [r for r in self.running if r.id in ids]
+        for r in failed:
+            r.fail(reason)
+            self._retire(r)
+        return failed
+
+    def cancel(self, req: Request, reason: str = "cancelled") -> bool:
+        """End one request now, waiting or running: its sequence, KV cells and sampler are
+        freed before the next iteration; the others are untouched. False if it had
+        already ended (or was never added)."""
+        if req.done:
+            return False
+        if req in self.running:
+            req.fail(reason)
+            self._retire(req)
+            return True
+        queue = self.waiting[req.cls]
+        if req in queue:
+            queue.remove(req)
+            req.fail(reason)
+            return True
+        return False
+
+    def abort(self, reason: str) -> list[Request]:
+        """Fail everything waiting or running (the run is being stopped)."""
+        failed = list(self.running) + [r for q in self.waiting.values() for r in q]
+        for r in list(self.running):
+            r.fail(reason)
+            self._retire(r)
+        for q in self.waiting.values():
+            for r in q:
+                r.fail(reason)
+            q.clear()
+        return failed
+
+    def _retire(self, req: Request) -> None:
+        self.running.remove(req)
+        assert req.seq_id is not None
+        self._release(req.seq_id)
+        heapq.heappush(self._free_seqs, req.seq_id)
+        self.kv_free += req.kv_cells

@@ -1,0 +1,24 @@
+"""Budget policies: how many prompt tokens may ride along with the decodes, per iteration.
+
+Policies are dataclasses whose fields are their parameters; `parse_policy("static:64")` or
+`parse_policy("static:tokens=64")` builds one from the command line. Importing this package
+registers every policy and loads nothing beyond the core (numpy and scipy included).
+"""
+
+from edgeprefill.runtime.core.budget import BudgetPolicy
+from edgeprefill.runtime.policies.cadence import CadencePolicy
+from edgeprefill.runtime.policies.dlfp import DLFPPolicy
+from edgeprefill.runtime.policies.ppas import PPASPolicy
+from edgeprefill.runtime.policies.registry import POLICIES, parse_policy
+from edgeprefill.runtime.policies.static import StaticPolicy, UnlimitedPolicy
+
+__all__ = [
+    "POLICIES",
+    "BudgetPolicy",
+    "CadencePolicy",
+    "DLFPPolicy",
+    "PPASPolicy",
+    "StaticPolicy",
+    "UnlimitedPolicy",
+    "parse_policy",
+]

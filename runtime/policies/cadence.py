@@ -1,0 +1,154 @@
+"""Cadence: keep the foreground's inter-token latency under a target the user states.
+
+Each iteration it predicts, with a cost model of iteration time against composition (passes
+over the weights, decode tokens, prompt tokens, attention work), the largest prompt chunk
+that keeps the iteration, and so every foreground token, under `itl_ms`. The model is fitted
+online, by non-negative least squares, to the last `window` completed iterations together
+with the startup probe's iterations (which keep it well-posed before the run has varied
+chunk sizes). While no foreground decode is active the background gets the whole batch.
+
+Unlike DLFP it does not wait for a slow iteration to react: a chunk deep in a long document
+costs more attention work, and the model knows that before the chunk runs. The target is a
+tail target: `tail_pct` percent of the foreground's token gaps (by default 99, so the P99 a
+user would measure) should stay under it. What the model cannot know, a shared machine's
+jitter and its own misfit, is taken off the target as a margin: the `tail_pct` percentile of
+the current model's errors on the recent iterations that held foreground decodes beside a
+prompt chunk (errors of the model in use, so a model corrected early in a run does not keep
+paying for its first guesses). So is the host's own time between device calls, which a
+foreground token waits for too: the target is a gap between tokens the user sees, not a
+device time.
+
+Why the tail and not the mean: on a CPU an iteration beside a decode costs a fixed part
+(passes, sampled rows) plus ~2-4 ms per prompt token, so background throughput is set by the
+mean iteration time whichever policy chose it, while the P99 a person feels is set by how
+far iterations scatter above that mean. Predicting each iteration scatters them less than
+DLFP's proportional steps; spending that on the tail gives a lower P99 at the same
+throughput (RESULTS.md, section 0).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from edgeprefill.runtime.core.budget import BudgetPolicy
+from edgeprefill.runtime.core.costmodel import CostModel
+from edgeprefill.runtime.core.plan import IterationTiming, SchedState
+from edgeprefill.runtime.core.profile import DeviceProfile
+from edgeprefill.runtime.policies.registry import POLICIES
+
+
+@POLICIES.register("cadence")
+@dataclass
+class CadencePolicy(BudgetPolicy):
+    name: ClassVar[str] = "cadence"
+    required: ClassVar[dict[str, str]] = {
+        "_model": "cost model (it is fitted from a device profile only)",
+        "itl_ms": "itl_ms (cadence:itl_ms=MS)",
+    }
+    itl_ms: float | None = None  # None: the device profile's interactive target
+    window: int = 256
+    min_tokens: int | None = None  # floor while chatting, so documents still progress
+    tail_pct: float = 99.0  # share of foreground token gaps (%) to keep under itl_ms
+    _model: CostModel | None = field(default=None, init=False, repr=False)
+    _anchor: list[IterationTiming] = field(default_factory=list, init=False, repr=False)
+    _recent: deque[IterationTiming] = field(default_factory=deque, init=False, repr=False)
+    _last_budget: int | None = field(default=None, init=False, repr=False)
+    _margin: float = field(default=0.0, init=False, repr=False)
+    _host: deque[float] = field(default_factory=lambda: deque(maxlen=64), init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.itl_ms is not None and self.itl_ms <= 0:
+            raise ValueError(f"itl_ms must be positive, got {self.itl_ms}")
+        if self.window < 8:
+            raise ValueError(f"window must be at least 8 iterations, got {self.window}")
+        if self.min_tokens is not None and self.min_tokens < 0:
+            raise ValueError(f"min_tokens must not be negative, got {self.min_tokens}")
+        if not 50 <= self.tail_pct < 100:
+            raise ValueError(f"tail_pct must be at least 50 and under 100, got {self.tail_pct}")
+        self._recent = deque(maxlen=self.window)
+
+    def calibrate(self, profile: DeviceProfile) -> None:
+        if self.itl_ms is None:
+            self.itl_ms = profile.target_s * 1000
+        if self.min_tokens is None:
+            self.min_tokens = profile.min_chunk
+        self._model = profile.cost
+        self._anchor = list(profile.timings)
+
+    def budget(self, state: SchedState) -> int | None:
+        if state.n_decode_foreground == 0:
+            self._last_budget = None
+            return None
+        model = self._need(self._model, "cost model (device calibration)")
+        target = self._need(self.itl_ms, "itl_ms") / 1000 - self.margin_s - self.host_s
+        c = model.max_prefill(target, state.n_decode, state.decode_ctx, state.next_prefill_pos)
+        if 0 < state.next_prefill_left <= c:
+            c = self._past_prompt_end(model, target, state)
+        self._last_budget = max(c, self.min_tokens or 0)
+        return self._last_budget
+
+    def _past_prompt_end(self, model: CostModel, target: float, state: SchedState) -> int:
+        """The chunk fits the rest of the prompt, which costs more than its tokens: its last
+        token is sampled, and tokens past it open another chunk, another pass over the
+        weights. Without this the iterations that end a prompt form the foreground's tail."""
+        left, pos = state.next_prefill_left, state.next_prefill_pos
+        ctx = state.decode_ctx + left * pos + left * (left + 1) // 2
+        t = model.predict(state.n_decode, left, 1, ctx, n_sampled=state.n_decode + 1)
+        if t > target:
+            return left - 1  # the scheduler keeps the remainder a valid chunk
+        more = model.max_prefill(target - t, 0, 0, 0)  # a new prompt: its pass, at position 0
+        return left + (more if more >= (self.min_tokens or 1) else 0)
+
+    @property
+    def host_s(self) -> float:
+        """The host's share of a foreground token gap (median of recent iterations)."""
+        return float(np.median(self._host)) if self._host else 0.0
+
+    @property
+    def margin_s(self) -> float:
+        """How far recent foreground token gaps ran over the model, at `tail_pct`."""
+        return self._margin
+
+    def observe(self, timing: IterationTiming) -> None:
+        if timing.n_decode_foreground and timing.host_s is not None:
+            self._host.append(timing.host_s)
+        self._recent.append(timing)
+        if len(self._recent) < 8:
+            return
+        self._model = CostModel.fit([*self._anchor, *self._recent])
+        mixed = [t for t in self._recent if t.n_decode_foreground and t.n_prefill]
+        if len(mixed) >= 8:
+            # The gap a person sees: the device's error plus the host's deviation from the
+            # median that budget() already takes off the target.
+            median = self.host_s
+            host = np.array([0.0 if t.host_s is None else t.host_s - median for t in mixed])
+            errors = self._model.residuals(mixed) + host
+            self._margin = max(0.0, float(np.percentile(errors, self.tail_pct)))
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "itl_ms": self.itl_ms,
+            "tail_pct": self.tail_pct,
+            "window": self.window,
+            "min_tokens": self.min_tokens,
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        m = self._model
+        return {
+            "budget": self._last_budget,
+            "margin_ms": self.margin_s * 1e3,
+            "host_ms": self.host_s * 1e3,
+            "model_ms": None
+            if m is None
+            else {
+                "pass": m.per_pass_s * 1e3,
+                "decode": m.per_decode_s * 1e3,
+                "prefill": m.per_prefill_s * 1e3,
+                "kctx": m.per_kctx_s * 1e3,
+            },
+        }

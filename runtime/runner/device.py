@@ -1,0 +1,109 @@
+"""Opening the device a command names: the backend and the profile policies default from.
+
+Both are chosen from the command line's device options (see `cli.device_options`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from edgeprefill.runtime.core.errors import UserError
+
+
+@contextmanager
+def open_device(o: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
+    """The backend the options name, and the device profile policies default from."""
+    from edgeprefill.runtime.runner.probe import load_profile, probe_device
+
+    if o["backend"] == "sim":
+        from edgeprefill.backends.sim import SimBackend
+        from edgeprefill.runtime.core.contract import Capacity
+
+        if o["cost_model"] is None:
+            raise UserError(
+                "--backend sim needs --cost-model FILE (write one with "
+                "`edgeprefill calibrate RUN_DIR`)"
+            )
+        profile = load_profile(o["cost_model"])
+        n_ctx = o["n_ctx"] * (1 if o["kv_unified"] else o["n_seq_max"])
+        try:
+            capacity = Capacity(
+                o["n_batch"],
+                n_ctx,
+                o["n_seq_max"],
+                o["n_ctx"],
+                profile.min_chunk,
+                o["n_ubatch"] or o["n_batch"],
+                profile.chunk_quantum,
+            )
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        yield (lambda: SimBackend(profile.cost, capacity)), profile
+        return
+
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        raise UserError(
+            "the llama.cpp backend needs llama-cpp-python, which is not installed: "
+            "pip install 'edgeprefill[llamacpp]' (or use --backend sim)"
+        ) from None
+    from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
+    from edgeprefill.backends.llamacpp.model_file import default_model_path
+
+    config = LlamaCppConfig(
+        model=o["model"] if o["model"] is not None else default_model_path(),
+        n_ctx=o["n_ctx"],
+        n_batch=o["n_batch"],
+        n_seq_max=o["n_seq_max"],
+        n_threads=o["threads"],
+        kv_unified=o["kv_unified"],
+        batching=o["batching"],
+        n_ubatch=o["n_ubatch"],
+        flash_attn=o["flash_attn"],
+        max_decode_group=o["max_decode_group"],
+        refresh_probe=o["reprobe"],
+    )
+    with LlamaCppBackend(config) as be:
+        calibration = o["calibration"]
+        if calibration == "probe":
+            profile = probe_device(be)
+        elif calibration == "none":
+            profile = None
+        else:
+            profile = load_profile(Path(calibration))
+        yield (lambda: be), profile
+
+
+def run_options(o: dict[str, Any], progress: bool | None = None) -> Any:
+    """RunOptions from the command line's device options; bad values as one-line errors."""
+    from edgeprefill.runtime.core.scheduler import BackgroundLimits
+    from edgeprefill.runtime.runner.session import RunOptions
+    from edgeprefill.thermal.guard import ThermalSettings
+    from edgeprefill.thermal.telemetry import TelemetryConfig
+
+    if o["thermal_aware"] and (not o["telemetry"] or o["backend"] == "sim"):
+        raise UserError(
+            "--thermal-aware needs telemetry from a real device: drop --no-telemetry, and "
+            "use a real backend rather than --backend sim"
+        )
+    try:
+        telemetry = (
+            TelemetryConfig(o["telemetry_period"], o["tdp_watts"]) if o["telemetry"] else None
+        )
+        thermal = (
+            ThermalSettings(o["thermal_factor"], o["thermal_max_temp"], o["thermal_battery"])
+            if o["thermal_aware"]
+            else None
+        )
+    except ValueError as e:
+        raise UserError(f"--telemetry-period/--tdp-watts/--thermal-factor: {e}") from None
+    return RunOptions(
+        BackgroundLimits(o["max_background"], o["foreground_kv"]),
+        o["progress"] if progress is None else progress,
+        telemetry,
+        thermal,
+    )

@@ -1,0 +1,150 @@
+"""Device profiles for policy defaults: a few timed iterations at startup, a finished
+run's records (`edgeprefill calibrate`), or a cost-model file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from edgeprefill.runtime.core.contract import Backend, SeqWork, timing_of
+from edgeprefill.runtime.core.costmodel import CostModel
+from edgeprefill.runtime.core.errors import UserError
+from edgeprefill.runtime.core.plan import IterationTiming
+from edgeprefill.runtime.core.profile import TYPICAL_DECODE_CTX, DeviceProfile, target_for
+from edgeprefill.runtime.core.request import SamplingParams
+from edgeprefill.runtime.traffic.prompts import PromptBuilder
+
+
+def probe_device(backend: Backend, seed: int = 0) -> DeviceProfile:
+    """Time decode steps alone, decodes beside prompt chunks of several sizes, chunks deep
+    in a context and two decodes sharing a pass, then fit the cost model (about 5 s on a 2-core CPU)."""
+    cap = backend.capacity
+    if cap.n_ctx_seq < 128 or cap.n_batch < 32:
+        raise UserError(
+            f"a context of {cap.n_ctx_seq} cells and a batch of {cap.n_batch} tokens are too "
+            "small to probe the device; pass --calibration none or a cost-model file"
+        )
+    tokens = PromptBuilder(backend.tokenizer).synthetic(1600, np.random.default_rng(seed))
+    greedy = SamplingParams()
+    timings: list[IterationTiming] = []
+    decode_times: list[float] = []
+
+    def run(work: list[SeqWork]) -> float:
+        result = backend.execute(work)
+        timings.append(timing_of(work, result.duration_s))
+        return result.duration_s
+
+    chat, doc = 0, min(1, cap.n_seq_max - 1)
+    try:
+        run([SeqWork(chat, tokens[:32], 0, greedy)])
+        pos_chat, pos_doc = 32, 0
+        for _ in range(6):
+            decode_times.append(run([SeqWork(chat, [tokens[pos_chat]], pos_chat, greedy)]))
+            pos_chat += 1
+        if doc == chat:  # a single-sequence device: no mixed iterations to probe
+            pos_doc = pos_chat
+        for c in (16, 64, 128, 256, 512, 64, 16):
+            c = min(c, cap.n_batch - 1, cap.max_chunk or c, cap.n_ctx_seq - 64 - pos_doc)
+            if c < 1:
+                break
+            work = [SeqWork(doc, tokens[pos_doc : pos_doc + c], pos_doc, None)]
+            if doc != chat:
+                work.insert(0, SeqWork(chat, [tokens[pos_chat]], pos_chat, greedy))
+                pos_chat += 1
+            run(work)
+            pos_doc += c
+        if doc != chat:  # two decodes in one pass: separates a pass from a sampled row
+            for _ in range(3):
+                run(
+                    [
+                        SeqWork(chat, [tokens[pos_chat]], pos_chat, greedy),
+                        SeqWork(doc, [tokens[pos_doc]], pos_doc, greedy),
+                    ]
+                )
+                pos_chat, pos_doc = pos_chat + 1, pos_doc + 1
+    finally:
+        backend.release(chat)
+        if doc != chat:
+            backend.release(doc)
+    decode_s = float(np.median(decode_times))
+    return DeviceProfile(
+        CostModel.fit(timings),
+        decode_s,
+        target_for(decode_s),
+        cap.n_batch,
+        cap.min_chunk,
+        "probe",
+        timings,
+        cap.chunk_quantum,
+    )
+
+
+def profile_from_run(run_dir: Path) -> DeviceProfile:
+    """Fit the cost model to a finished run's iterations.jsonl (`edgeprefill calibrate`)."""
+    path = run_dir / "iterations.jsonl"
+    try:
+        lines = path.read_text().splitlines()
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except FileNotFoundError as e:
+        raise UserError(
+            f"{e.filename} not found: pass a folder written by `edgeprefill run`"
+        ) from None
+    fields = IterationTiming.__dataclass_fields__
+    timings = []
+    for line in lines:
+        rec = json.loads(line)
+        if rec.get("error") is None:
+            timings.append(IterationTiming(**{k: rec[k] for k in fields if k in rec}))
+    try:
+        cost = CostModel.fit(timings)
+    except ValueError as e:
+        raise UserError(f"{path}: {e}") from None
+    alone = [t.duration_s for t in timings if t.n_prefill == 0 and t.n_decode == 1]
+    decode_s = float(np.median(alone)) if alone else cost.predict(1, 0, 0, TYPICAL_DECODE_CTX)
+    backend = summary.get("backend", {})
+    return DeviceProfile(
+        cost,
+        decode_s,
+        target_for(decode_s),
+        backend.get("n_batch", 2048),
+        backend.get("min_chunk", 1),
+        str(run_dir),
+        timings,
+        backend.get("chunk_quantum", 1),
+    )
+
+
+def save_profile(profile: DeviceProfile, path: Path) -> None:
+    path.write_text(
+        json.dumps(
+            {
+                **profile.describe(),
+                "n_batch": profile.n_batch,
+                "min_chunk": profile.min_chunk,
+                "chunk_quantum": profile.chunk_quantum,
+                "decode_s": profile.decode_s,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+
+
+def load_profile(path: Path) -> DeviceProfile:
+    try:
+        d = json.loads(path.read_text())
+        return DeviceProfile(
+            CostModel.from_dict(d["cost_model"]),
+            d["decode_s"],
+            target_for(d["decode_s"]),
+            d["n_batch"],
+            d["min_chunk"],
+            str(path),
+            chunk_quantum=d.get("chunk_quantum", 1),
+        )
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(
+            f"{path} is not a cost model written by `edgeprefill calibrate`: {e}"
+        ) from None

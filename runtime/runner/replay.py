@@ -1,0 +1,109 @@
+"""Drive a workload through an engine in real time and record everything.
+
+Requests are submitted when their arrival time passes on the run's clock; a closed-loop
+turn's arrival time is set when the request before it ends. Ctrl-C (or SIGTERM)
+stops at the next iteration boundary: what finished is kept, what was waiting or running
+fails with reason "interrupted", and the run is marked interrupted. A second Ctrl-C stops at
+once.
+"""
+
+from __future__ import annotations
+
+import bisect
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from edgeprefill.runtime.core.engine import Engine, Iteration
+from edgeprefill.runtime.core.request import Request
+from edgeprefill.runtime.runner.results import RunWriter
+
+IDLE_POLL_S = 0.05
+
+
+@dataclass
+class RunOutcome:
+    duration_s: float
+    interrupted: bool
+    not_arrived: int
+
+
+class _StopFlag:
+    requested = False
+
+
+@contextmanager
+def _graceful_interrupt() -> Iterator[_StopFlag]:
+    flag = _StopFlag()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        if flag.requested:
+            raise KeyboardInterrupt
+        flag.requested = True
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield flag
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def run_requests(
+    engine: Engine,
+    requests: list[Request],
+    writer: RunWriter,
+    on_iteration: Callable[[Iteration | None], None] = lambda it: None,
+) -> RunOutcome:
+    pending: list[Request] = sorted(
+        (r for r in requests if r.after is None), key=lambda r: r.arrival_s
+    )
+    # Closed-loop turns wait for the request before them: released when it ends.
+    blocked = {r.after: r for r in requests if r.after is not None}
+    clock = engine.clock
+
+    def ended(req: Request) -> None:
+        writer.request(req)
+        nxt = blocked.pop(req.id, None)
+        if nxt is not None:
+            nxt.arrival_s = clock.now() + nxt.think_s
+            bisect.insort(pending, nxt, key=lambda r: r.arrival_s)
+
+    interrupted = False
+    with _graceful_interrupt() as stop:
+        try:
+            while pending or engine.has_work:
+                if stop.requested:
+                    interrupted = True
+                    break
+                now = clock.now()
+                while pending and pending[0].arrival_s <= now:
+                    req = pending.pop(0)
+                    if not engine.add(req):
+                        ended(req)
+                        on_iteration(None)
+                it = engine.step() if engine.has_work else None
+                if it is None:
+                    if engine.has_work and not engine.scheduler.running:
+                        raise RuntimeError(
+                            f"policy {engine.policy.name} gave no prefill budget with nothing "
+                            "running: the run cannot progress"
+                        )
+                    if pending:
+                        clock.sleep(min(IDLE_POLL_S, max(pending[0].arrival_s - clock.now(), 0)))
+                    continue
+                writer.iteration(it)
+                for req in it.finished:
+                    ended(req)
+                on_iteration(it)
+        except KeyboardInterrupt:
+            interrupted = True
+    if interrupted:
+        for req in engine.abort("interrupted"):
+            writer.request(req)
+    return RunOutcome(clock.now(), interrupted, len(pending) + len(blocked))

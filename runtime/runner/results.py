@@ -1,0 +1,109 @@
+"""Result files of a run (the contract in DESIGN.md).
+
+requests.jsonl and iterations.jsonl are appended as requests finish and iterations complete,
+so a crash or Ctrl-C never loses finished work; summary.json is written last, computed from
+exactly the request records written, so it always agrees with requests.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from edgeprefill.runtime.analysis.metrics import class_summary, completed
+from edgeprefill.runtime.core.engine import Iteration
+from edgeprefill.runtime.core.errors import UserError
+from edgeprefill.runtime.core.request import CLASSES, Request
+from edgeprefill.thermal.energy import IterationSpan
+
+
+class RunWriter:
+    def __init__(self, out_dir: Path) -> None:
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            self._requests: IO[str] = (out_dir / "requests.jsonl").open("w", buffering=1)
+            self._iterations: IO[str] = (out_dir / "iterations.jsonl").open("w")
+        except OSError as e:
+            raise UserError(f"cannot write results to {out_dir}: {e.strerror}") from None
+        self.out_dir = out_dir
+        self.records: list[dict[str, Any]] = []
+        self.n_iterations = 0
+        self.prefill_tokens = 0  # in iterations that completed
+        self.decode_tokens = 0
+        self.spans: list[IterationSpan] = []  # when each iteration ran, for energy per class
+
+    def request(self, req: Request) -> None:
+        rec = req.record()
+        self.records.append(rec)
+        self._requests.write(json.dumps(rec) + "\n")
+
+    def iteration(self, it: Iteration) -> None:
+        """Record an iteration; the requests it finished are recorded with `request`."""
+        self.n_iterations += 1
+        if it.error is None:
+            self.prefill_tokens += it.plan.n_prefill
+            self.decode_tokens += it.plan.n_decode
+            fg = it.timing.n_decode_foreground + it.prefill_by_class.get("foreground", 0)
+            bg = it.plan.n_decode + it.plan.n_prefill - fg
+            end = it.t_start_s + it.timing.duration_s
+            self.spans.append(IterationSpan(it.t_start_s, end, fg, bg))
+        self._iterations.write(json.dumps(it.record()) + "\n")
+
+    def summary(
+        self, meta: dict[str, Any], duration_s: float, interrupted: bool, not_arrived: int
+    ) -> dict[str, Any]:
+        recs = self.records
+        n_done = sum(completed(r) for r in recs)
+        arrivals = [r["arrival_s"] for r in recs]
+        last_tokens = [r["token_times_s"][-1] for r in recs if r["token_times_s"]]
+        makespan = max(last_tokens) - min(arrivals) if last_tokens else 0.0
+        prefilled = sum(r["prefilled_tokens"] for r in recs)
+        fed = sum(max(len(r["output_token_ids"]) - 1, 0) for r in recs)
+        accounting = {
+            "submitted": len(recs),
+            "completed": n_done,
+            "failed": len(recs) - n_done,
+            "not_arrived": not_arrived,
+            "prefill_tokens_iterations": self.prefill_tokens,
+            "prefill_tokens_requests": prefilled,
+            "decode_tokens_iterations": self.decode_tokens,
+            "decode_tokens_requests": fed,
+        }
+        accounting["reconciled"] = (
+            accounting["submitted"] == accounting["completed"] + accounting["failed"]
+            and self.prefill_tokens == prefilled
+            and self.decode_tokens == fed
+            and all(completed(r) or r["error"] for r in recs)
+        )
+        return {
+            **meta,
+            "completed": n_done,
+            "failed": len(recs) - n_done,
+            "interrupted": interrupted,
+            "duration_s": duration_s,
+            "makespan_s": makespan,
+            "iterations": self.n_iterations,
+            "accounting": accounting,
+            **{c: class_summary([r for r in recs if r["class"] == c], duration_s) for c in CLASSES},
+        }
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+    def close(self) -> None:
+        for f in (self._requests, self._iterations):
+            if not f.closed:
+                f.close()
+
+    def __enter__(self) -> RunWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

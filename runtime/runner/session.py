@@ -1,0 +1,119 @@
+"""One run of a workload on an open backend: requests, engine, results, summary.
+
+Shared by `edgeprefill run` and `edgeprefill compare`, so a comparison runs exactly what a
+single run does.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from edgeprefill.runtime.core.contract import Backend
+from edgeprefill.runtime.core.engine import Engine
+from edgeprefill.runtime.core.errors import UserError
+from edgeprefill.runtime.core.profile import DeviceProfile
+from edgeprefill.runtime.core.request import Request
+from edgeprefill.runtime.core.scheduler import BackgroundLimits
+from edgeprefill.runtime.policies import parse_policy
+from edgeprefill.runtime.runner.progress import LiveProgress
+from edgeprefill.runtime.runner.replay import RunOutcome, run_requests
+from edgeprefill.runtime.runner.results import RunWriter
+from edgeprefill.runtime.traffic.build import build_requests, format_trace
+from edgeprefill.runtime.traffic.workload import Workload
+from edgeprefill.thermal.energy import energy_summary
+from edgeprefill.thermal.guard import ThermalGuard, ThermalSettings
+from edgeprefill.thermal.machine import describe_machine
+from edgeprefill.thermal.sampler import TelemetrySampler
+from edgeprefill.thermal.telemetry import TelemetryConfig, default_sensors, summarize
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run is carried out, beyond its workload, backend and policy."""
+
+    limits: BackgroundLimits | None = None
+    progress: bool = True
+    telemetry: TelemetryConfig | None = field(default_factory=TelemetryConfig)  # None: off
+    thermal: ThermalSettings | None = None  # the thermal-/battery-aware background budget
+
+
+@dataclass(frozen=True)
+class RunResult:
+    summary: dict[str, Any]
+    outcome: RunOutcome
+    requests: list[Request]
+    out: Path
+
+
+def run_workload(
+    workload: Workload,
+    workload_path: Path,
+    backend: Backend,
+    policy_spec: str,
+    out: Path,
+    *,
+    profile: DeviceProfile | None = None,
+    seed: int | None = None,
+    options: RunOptions | None = None,
+) -> RunResult:
+    o = options or RunOptions()
+    policy = parse_policy(policy_spec)
+    requests = build_requests(workload, backend.tokenizer, seed)
+    try:
+        engine = Engine(backend, policy, limits=o.limits, profile=profile)
+    except ValueError as e:
+        raise UserError(f"--max-background/--foreground-kv: {e}") from None
+    describe = backend.describe()
+    simulated = bool(describe.get("simulated", False))
+    if o.thermal is not None and (o.telemetry is None or simulated):
+        raise UserError(
+            "--thermal-aware needs telemetry from a real device: drop --no-telemetry, "
+            "and use a real backend rather than --backend sim"
+        )
+    started = datetime.now(UTC)
+    with ExitStack() as stack:
+        writer = stack.enter_context(RunWriter(out))
+        (out / "arrivals.jsonl").write_text(format_trace(requests))
+        config = None if simulated else o.telemetry
+        sampler = None
+        if config is not None:
+            sampler = stack.enter_context(
+                TelemetrySampler(
+                    default_sensors(config),
+                    engine.clock.now,
+                    out / "telemetry.jsonl",
+                    config.period_s,
+                )
+            )
+            if o.thermal is not None:
+                engine.guard = ThermalGuard(sampler.latest, o.thermal)
+        show = stack.enter_context(LiveProgress(requests, enabled=o.progress))
+        outcome = run_requests(engine, requests, writer, show)
+        if sampler is not None and config is not None:
+            sampler.stop()
+            telemetry = summarize(sampler, config, writer.spans, writer.records)
+        else:
+            why = "simulated backend (virtual clock)" if simulated else "--no-telemetry"
+            telemetry = {
+                "telemetry": {"unavailable": why},
+                "energy": energy_summary([], [], [], reasons={"cpu": why, "gpu": why}),
+            }
+        meta = {
+            "backend": describe,
+            "simulated": simulated,
+            "policy": {**policy.describe(), "spec": policy_spec},
+            "thermal_aware": None if o.thermal is None else asdict(o.thermal),
+            "workload": {"name": workload.name, "path": str(workload_path)},
+            "seed": workload.seed if seed is None else seed,
+            "start_time": started.isoformat(),
+            "machine": describe_machine(),
+            "calibration": profile.describe() if profile is not None else None,
+        }
+        summary = writer.summary(meta, outcome.duration_s, outcome.interrupted, outcome.not_arrived)
+        summary.update(telemetry)
+        writer.write_summary(summary)
+    return RunResult(summary, outcome, requests, out)

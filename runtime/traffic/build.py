@@ -1,0 +1,96 @@
+"""A workload turned into requests: arrival times, lengths, prompts, sampling seeds.
+
+Each stream draws from its own seeded generators (one for arrivals, one for lengths, one for
+prompt text), keyed by the workload seed and the stream's name, so adding a stream or
+changing a prompt source never shifts another stream's arrivals.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+
+import numpy as np
+
+from edgeprefill.runtime.core.contract import Tokenizer
+from edgeprefill.runtime.core.request import Request, SamplingParams
+from edgeprefill.runtime.traffic.arrivals import arrival_times
+from edgeprefill.runtime.traffic.prompts import PromptBuilder
+from edgeprefill.runtime.traffic.workload import DocumentsPrompt, Range, TraceArrivals, Workload
+
+
+def _rng(seed: int, stream: str, purpose: int) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(stream.encode()), purpose])
+
+
+def _draw(r: Range, rng: np.random.Generator) -> int:
+    return int(rng.integers(r.min, r.max + 1))
+
+
+def build_requests(
+    workload: Workload, tokenizer: Tokenizer, seed: int | None = None
+) -> list[Request]:
+    """All requests of the workload, sorted by arrival time (ties by stream order); a
+    closed-loop turn, which arrives only after its predecessor, sorts last."""
+    seed = workload.seed if seed is None else seed
+    builder = PromptBuilder(tokenizer)
+    requests: list[Request] = []
+    for name, stream in workload.streams.items():
+        docs = (
+            builder.documents(stream.prompt) if isinstance(stream.prompt, DocumentsPrompt) else None
+        )
+        arrivals = arrival_times(stream.arrivals, _rng(seed, name, 0), len(docs) if docs else None)
+        rows = stream.arrivals.rows if isinstance(stream.arrivals, TraceArrivals) else None
+        lengths = _rng(seed, name, 1)
+        text = _rng(seed, name, 2)
+        for i, a in enumerate(arrivals):
+            row = rows[i] if rows else {}
+            source = None
+            if docs:
+                source, prompt = docs[i]
+            else:
+                n_prompt = _draw(stream.prompt.tokens, lengths)  # type: ignore[union-attr]
+                prompt = builder.build(
+                    stream.prompt,  # type: ignore[arg-type]
+                    int(row.get("prompt_tokens", n_prompt)),
+                    text,
+                )
+            n_out = int(row.get("output_tokens", _draw(stream.output_tokens, lengths)))
+            s = stream.sampling
+            sample_seed = s.seed if s.seed is not None else (seed * 1_000_003 + i) & 0xFFFFFFFF
+            requests.append(
+                Request(
+                    id=f"{name}-{i}",
+                    cls=stream.cls,
+                    arrival_s=math.inf if a.t_s is None else a.t_s,
+                    prompt=prompt,
+                    max_tokens=n_out,
+                    sampling=SamplingParams(s.temperature, s.top_p, sample_seed),
+                    ignore_eos=stream.ignore_eos,
+                    after=None if a.after is None else f"{name}-{a.after}",
+                    think_s=a.think_s,
+                    source=source,
+                )
+            )
+    requests.sort(key=lambda r: r.arrival_s)
+    return requests
+
+
+def format_trace(requests: list[Request]) -> str:
+    """The arrival trace as JSONL: what a run was asked to do, byte-comparable across runs
+    and backends (prompt ids are left out: a tokenizer's ids differ, lengths do not)."""
+    lines = []
+    for r in requests:
+        rec: dict[str, object] = {
+            "id": r.id,
+            "class": r.cls,
+            "arrival_s": None if math.isinf(r.arrival_s) else round(r.arrival_s, 9),
+        }
+        if r.after is not None:
+            rec.update(after=r.after, think_s=round(r.think_s, 9))
+        rec.update(prompt_tokens=r.prompt_len, max_tokens=r.max_tokens)
+        if r.source is not None:
+            rec["source"] = r.source
+        lines.append(json.dumps(rec) + "\n")
+    return "".join(lines)

@@ -1,0 +1,120 @@
+"""The embedding API on the real model: streaming, cancellation, many threads at once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import pytest
+
+from edgeprefill.backends.llamacpp.probe import plain_tokens
+from edgeprefill.runtime import Runtime
+from edgeprefill.runtime.core.request import Status
+
+pytestmark = pytest.mark.slow
+
+QUESTION = [{"role": "user", "content": "Write two sentences about the sea."}]
+
+
+def test_streamed_pieces_concatenate_to_the_text_of_the_tokens(make_backend):
+    be = make_backend()
+    with Runtime(be, "static:64") as rt:
+        handle = rt.chat(QUESTION, max_tokens=32, ignore_eos=True)
+        pieces = list(handle)
+        req = handle.result(timeout=60)
+    assert [p.token for p in pieces if p.token is not None] == req.output
+    assert len(req.output) == 32 and req.status is Status.FINISHED
+    assert "".join(p.text for p in pieces) == be.tokenizer.decode(req.output)
+    assert [p.time_s for p in pieces if p.token is not None] == req.token_times_s
+
+
+def test_the_async_iterator_streams_inside_asyncio_run(make_backend):
+    be = make_backend()
+
+    async def main() -> list:
+        with Runtime(be, "static:64") as rt:
+            handle = rt.chat(QUESTION, max_tokens=12, ignore_eos=True)
+            return [piece async for piece in handle]
+
+    pieces = asyncio.run(main())
+    assert len([p for p in pieces if p.token is not None]) == 12
+
+
+def wait_until(condition, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_cancel_in_prefill_in_decode_twice_and_after_the_end(make_backend):
+    be = make_backend(n_seq_max=4)
+    toks = plain_tokens(be.model, 5000)
+
+    def chats(rt: Runtime) -> list:
+        return [
+            rt.chat(toks[:90], max_tokens=20, ignore_eos=True, request_id="a"),
+            rt.chat(toks[100:230], max_tokens=20, ignore_eos=True, request_id="b"),
+        ]
+
+    with Runtime(be, "static:32") as rt:
+        reference = {h.id: h.result(timeout=120).output for h in chats(rt)}
+
+    with Runtime(be, "static:32") as rt:
+        doc = rt.index(toks[:1] + toks[1000:4000], max_tokens=8)
+        wait_until(lambda: doc.request.num_computed > 0)  # in prefill: 3,000 tokens at 32
+        doc.cancel()
+        others = chats(rt)
+        long = rt.chat(toks[300:400], max_tokens=500, ignore_eos=True)
+        for n, _ in enumerate(long, 1):
+            if n == 3:  # in decode
+                long.cancel()
+                long.cancel()  # twice: no effect
+        done = rt.chat(toks[500:560], max_tokens=4, ignore_eos=True)
+        finished = done.result(timeout=120)
+        done.cancel()  # after the end: stays as it ended
+        results = {h.id: h.result(timeout=120) for h in others}
+        assert all(h.result(timeout=120).error == "cancelled" for h in (doc, long))
+    assert 0 < doc.request.num_computed < 3001 and not doc.request.output
+    assert 3 <= len(long.request.output) < 500
+    assert finished.status is Status.FINISHED and finished.error is None
+    assert {rid: r.output for rid, r in results.items()} == reference  # others unchanged
+    sched = rt.engine.scheduler
+    assert sched.kv_free == be.capacity.n_ctx and not sched.running  # cells returned
+    assert [be.seq_pos_max(s) for s in range(4)] == [-1] * 4 and be._samplers == {}
+
+
+def test_eight_threads_submitting_at_once_lose_nothing(make_backend, tmp_path):
+    be = make_backend(n_seq_max=8)
+    toks = plain_tokens(be.model, 4000)
+    handles, lock = [], threading.Lock()
+
+    def user(i: int) -> None:
+        for j in range(3):
+            start = 300 * i + 50 * j
+            if j == 1:
+                h = rt.index(toks[:1] + toks[start : start + 200], max_tokens=4)
+            else:
+                h = rt.chat(toks[start : start + 60], max_tokens=6, ignore_eos=True)
+            if i == 0 and j == 2:
+                h.cancel()
+            with lock:
+                handles.append(h)
+
+    with Runtime(be, "static:64", results=tmp_path / "run") as rt:
+        threads = [threading.Thread(target=user, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        ended = [h.result(timeout=300) for h in handles]
+    assert len({h.id for h in handles}) == 24
+    for req in ended:
+        assert req.status is Status.FINISHED or req.error == "cancelled", req.error
+    assert sum(r.status is Status.FINISHED for r in ended) >= 23
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["accounting"]["submitted"] == 24 and summary["accounting"]["reconciled"]
+    lines = (tmp_path / "run" / "requests.jsonl").read_text().splitlines()
+    assert sorted(json.loads(line)["id"] for line in lines) == sorted(h.id for h in handles)
