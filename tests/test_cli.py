@@ -174,7 +174,7 @@ def test_bad_inputs_give_one_line_and_exit_code_2(tmp_path):
         (["--n-ubatch", "4096"], "--n-ubatch must be between 1 and --n-batch (2048)"),
         (["--policy", "static:0"], "tokens must be at least 1"),
         (["--policy", "fastest"], "unknown policy 'fastest'; choose one of"),
-        (["--n-ctx", "100000"], "exceeds the model's trained context (32768)"),
+        (["--n-ctx", "100000"], "--n-ctx 100000 exceeds the model's trained context (32768)"),
         (["--max-background", "9"], "background sequences must be between 1 and n_seq_max (8)"),
         (["--backend", "vllm"], "Invalid value for '--backend'"),
         (["--n-batch", "abc"], "'abc' is not a valid integer"),

@@ -245,3 +245,18 @@ def test_the_tokenizer_refuses_to_work_after_its_backend_is_closed(make_backend)
     ):
         with pytest.raises(RuntimeError, match="closed with its backend"):
             use()
+
+
+def test_errors_raised_to_python_callers_name_parameters_not_flags(model_path):
+    from edgeprefill.backends.llamacpp import LlamaCppConfig
+    from edgeprefill.runtime.core.errors import UserError
+    from edgeprefill.runtime.policies import parse_policy
+
+    for make, fragment in (
+        (lambda: LlamaCppConfig(model=model_path, n_ctx=0), "`n_ctx` must be at least 1"),
+        (lambda: LlamaCppConfig(model=model_path, n_ubatch=4096), "`n_ubatch` must be between"),
+        (lambda: parse_policy("static:0"), "`policy` 'static:0': tokens must be at least 1"),
+    ):
+        with pytest.raises(UserError) as err:
+            make()
+        assert fragment in str(err.value) and "--" not in str(err.value)

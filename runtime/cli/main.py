@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -424,6 +425,24 @@ def _policy_lists(policies: str, baselines: str | None) -> tuple[list[str], list
     return names, bases
 
 
+# Library messages name parameters as Python does, in backquotes; a command-line user gets
+# the flag that sets each.
+FLAGS = {
+    "model": "--model",
+    "policy": "--policy",
+    "n_ctx": "--n-ctx",
+    "n_batch": "--n-batch",
+    "n_ubatch": "--n-ubatch",
+    "n_seq_max": "--n-seq-max",
+    "n_threads": "--threads",
+    "max_decode_group": "--max-decode-group",
+}
+
+
+def as_flags(message: str) -> str:
+    return re.sub(r"`(\w+)`", lambda m: FLAGS.get(m[1], m[0]), message)
+
+
 def main() -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("edgeprefill: %(message)s"))
@@ -432,7 +451,7 @@ def main() -> None:
     try:
         cli.main(standalone_mode=False)
     except UserError as e:
-        click.echo(f"edgeprefill: error: {e}", err=True)
+        click.echo(f"edgeprefill: error: {as_flags(str(e))}", err=True)
         sys.exit(2)
     except click.exceptions.NoArgsIsHelpError as e:
         click.echo(e.format_message(), err=True)

@@ -25,11 +25,11 @@ def parse_policy(spec: str) -> BudgetPolicy:
         key, eq, value = part.partition("=")
         if not eq:
             if i > 0 or not fields:
-                raise UserError(f"--policy {spec!r}: unexpected {part!r}; {name} takes {usage}")
+                raise UserError(f"`policy` {spec!r}: unexpected {part!r}; {name} takes {usage}")
             key, value = fields[0].name, part
         key = key.strip()
         if key not in {f.name for f in fields}:
-            raise UserError(f"--policy {spec!r}: unknown parameter {key!r}; {name} takes {usage}")
+            raise UserError(f"`policy` {spec!r}: unknown parameter {key!r}; {name} takes {usage}")
         kind = next(
             a for a in (typing.get_args(hints[key]) or (hints[key],)) if a is not type(None)
         )
@@ -37,9 +37,9 @@ def parse_policy(spec: str) -> BudgetPolicy:
             kwargs[key] = kind(value.strip())
         except ValueError:
             raise UserError(
-                f"--policy {spec!r}: {key} must be {kind.__name__}, got {value!r}"
+                f"`policy` {spec!r}: {key} must be {kind.__name__}, got {value!r}"
             ) from None
     try:
         return factory(**kwargs)
     except ValueError as e:
-        raise UserError(f"--policy {spec!r}: {e}") from None
+        raise UserError(f"`policy` {spec!r}: {e}") from None
