@@ -115,7 +115,7 @@ def test_a_request_that_can_never_fit_fails_with_a_reason_and_others_run():
     big = make_request("big", prompt_len=400, max_tokens=8)
     ok = make_request("ok", prompt_len=100)
     assert not sched.add(big)
-    assert big.status is Status.FAILED and "407 KV cells" in big.error and "--n-ctx" in big.error
+    assert big.status is Status.FAILED and "407 KV cells" in big.error and "(n_ctx)" in big.error
     assert sched.add(ok)
     plan, _, _ = run_plan(sched, None)
     assert plan.prefill == {"ok": 100}

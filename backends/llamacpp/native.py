@@ -124,7 +124,7 @@ class LlamaContext:
         if not self.ptr:
             raise RuntimeError(
                 f"llama.cpp could not create a context (n_ctx={n_ctx}, n_batch={n_batch}, "
-                f"n_seq_max={n_seq_max}); try a smaller --n-ctx"
+                f"n_seq_max={n_seq_max}); try a smaller n_ctx"
             )
         self.memory = lc.llama_get_memory(self.ptr)
         self.n_ctx = lc.llama_n_ctx(self.ptr)  # all sequences together

@@ -97,7 +97,8 @@ class Scheduler:
         if req.kv_cells > limit:
             return (
                 f"prompt of {req.prompt_len} tokens plus {req.max_tokens} output tokens needs "
-                f"{req.kv_cells} KV cells but {where}; raise --n-ctx or shorten the prompt"
+                f"{req.kv_cells} KV cells but {where}; give each sequence more cells (n_ctx) or "
+                "shorten the prompt"
             )
         return None
 
