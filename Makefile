@@ -1,5 +1,5 @@
 # Two commands on a fresh machine:
-#   make run    set up (first time: builds llama-cpp-python, 8-15 min on 2 cores) and run
+#   make run    set up (first time: builds llama-cpp-python, 5-15 min on 2 cores) and run
 #               the default workload on the bundled model
 #   make test   set up and run the whole test suite (real model tests included)
 PYTHON ?= python3

@@ -14,8 +14,8 @@ import yaml
 from edgeprefill.runtime.analysis.compare import outputs_agree, paired
 from edgeprefill.runtime.core.costmodel import CostModel
 from edgeprefill.runtime.core.profile import DeviceProfile
+from edgeprefill.runtime.runner.calibration import save_profile
 from edgeprefill.runtime.runner.comparison import with_burst_rate
-from edgeprefill.runtime.runner.probe import save_profile
 from edgeprefill.runtime.traffic.workload import load_workload
 
 ROOT = Path(__file__).parents[1]

@@ -143,7 +143,7 @@ def run_without_extras(tmp_path: Path, *args: str) -> subprocess.CompletedProces
 def test_without_the_extras_the_simulator_runs_and_the_rest_says_what_to_install(tmp_path):
     from edgeprefill.runtime.core.costmodel import CostModel
     from edgeprefill.runtime.core.profile import DeviceProfile
-    from edgeprefill.runtime.runner.probe import save_profile
+    from edgeprefill.runtime.runner.calibration import save_profile
 
     model = tmp_path / "cm.json"
     save_profile(

@@ -93,13 +93,7 @@ class _InvarianceCheck:
         self.batch = LlamaBatch(2 * PIECE_PROMPT)
 
     def _run(self, work: list[SeqWork]) -> float:
-        self.batch.fill(work)
-        t0 = time.perf_counter()
-        rc = self.ctx.decode(self.batch.view(0, self.batch.struct.n_tokens))
-        elapsed = time.perf_counter() - t0
-        if rc != 0:
-            raise RuntimeError(f"llama_decode returned {rc} during the device probe")
-        return elapsed
+        return _timed_decode(self.ctx, self.batch, work)
 
     def _cut(self, prompt: list[int], cut: list[int]) -> list[np.ndarray]:
         """Logits of the prompt's last token and of one decode after it, with the prompt
@@ -137,25 +131,21 @@ class _InvarianceCheck:
         for s, n in enumerate(lens):
             self._run([SeqWork(s, self.tokens[100 * s : 100 * s + n], 0, None)])
 
-        def step(g: int) -> tuple[list[np.ndarray], float]:
-            work = [SeqWork(s, [self.tokens[-1 - s]], lens[s], _SAMPLE) for s in range(g)]
+        def decode(seqs: list[int]) -> tuple[list[np.ndarray], float]:
+            """One token for each of `seqs` in one pass; its cells removed after."""
+            work = [SeqWork(s, [self.tokens[-1 - s]], lens[s], _SAMPLE) for s in seqs]
             elapsed = self._run(work)
-            rows = [self.ctx.logits(i) for i in range(g)]
-            for s in range(g):
+            rows = [self.ctx.logits(i) for i in range(len(seqs))]
+            for s in seqs:
                 self.ctx.seq_rm(s, lens[s])
             return rows, elapsed
 
-        alone = []
-        times: dict[int, float] = {}
-        for s in range(GROUPS):
-            work = [SeqWork(s, [self.tokens[-1 - s]], lens[s], _SAMPLE)]
-            t = self._run(work)
-            alone.append(self.ctx.logits(0))
-            self.ctx.seq_rm(s, lens[s])
-            times[1] = min(times.get(1, t), t)
+        singles = [decode([s]) for s in range(GROUPS)]
+        alone = [rows[0] for rows, _ in singles]
+        times = {1: min(t for _, t in singles)}
         ok = {1: True}
         for g in range(2, GROUPS + 1):
-            (rows_a, t_a), (rows_b, t_b) = step(g), step(g)
+            (rows_a, t_a), (rows_b, t_b) = decode(list(range(g))), decode(list(range(g)))
             ok[g] = _same(alone[:g], rows_a) and _same(alone[:g], rows_b)
             times[g] = min(t_a, t_b)
         for s in range(GROUPS):
@@ -165,6 +155,17 @@ class _InvarianceCheck:
     def close(self) -> None:
         self.batch.close()
         self.ctx.close()
+
+
+def _timed_decode(ctx: LlamaContext, batch: LlamaBatch, work: list[SeqWork]) -> float:
+    """Seconds of one llama_decode of `work`."""
+    batch.fill(work)
+    t0 = time.perf_counter()
+    rc = ctx.decode(batch.view(0, batch.struct.n_tokens))
+    elapsed = time.perf_counter() - t0
+    if rc != 0:
+        raise RuntimeError(f"llama_decode returned {rc} during the device probe")
+    return elapsed
 
 
 def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
@@ -195,21 +196,13 @@ def _prefill_rate(
     )
     batch = LlamaBatch(PREFILL_PROMPT)
 
-    def timed(work: list[SeqWork]) -> float:
-        batch.fill(work)
-        t0 = time.perf_counter()
-        rc = ctx.decode(batch.view(0, batch.struct.n_tokens))
-        elapsed = time.perf_counter() - t0
-        if rc != 0:
-            raise RuntimeError(f"llama_decode returned {rc} during the device probe")
-        return elapsed
-
     try:
-        rate = PREFILL_PROMPT / timed([SeqWork(0, tokens[:PREFILL_PROMPT], 0, _SAMPLE)])
+        prompt = [SeqWork(0, tokens[:PREFILL_PROMPT], 0, _SAMPLE)]
+        rate = PREFILL_PROMPT / _timed_decode(ctx, batch, prompt)
         chunk = tokens[PREFILL_PROMPT : PREFILL_PROMPT + DEEP_CHUNK]
         deep = []
         for _ in range(3):
-            deep.append(timed([SeqWork(0, chunk, PREFILL_PROMPT, _SAMPLE)]))
+            deep.append(_timed_decode(ctx, batch, [SeqWork(0, chunk, PREFILL_PROMPT, _SAMPLE)]))
             ctx.seq_rm(0, PREFILL_PROMPT)
         return rate, min(deep)
     finally:

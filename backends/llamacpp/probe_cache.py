@@ -119,7 +119,7 @@ def probe(
             return cached
     log.info(
         "measuring this CPU's batch shapes once for this model and %d threads "
-        "(about 15-40 s); the result is kept in %s",
+        "(30-60 s on a 2-core CPU); the result is kept in %s",
         n_threads,
         file.parent,
     )

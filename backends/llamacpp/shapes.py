@@ -13,7 +13,7 @@ with repacking: groups up to 3 and pieces in multiples of 4). So nothing here is
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 Mode = Literal["exact", "fast"]
@@ -121,23 +121,13 @@ class BatchSettings:
     min_chunk: int  # no prompt piece shorter, and no shorter remainder left
     chunk_quantum: int  # pieces other than a prompt's last are multiples of it
     max_chunk: int | None  # most prompt tokens of one request per iteration (None: n_batch)
-    exact: bool  # every shape this run can plan was measured bit-identical
-    reason: str  # why these settings, in the probe's numbers
+    # Set by `choose_settings` once hand-set values are applied:
+    exact: bool = False  # every shape this run can plan was measured bit-identical
+    reason: str = ""  # why these settings, in the probe's numbers
     exact_cost: float | None = None  # measured slowdown of exact against fast batching
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "exact": self.exact,
-            "reason": self.reason,
-            "exact_cost": self.exact_cost,
-            "flash_attn": self.flash_attn,
-            "n_ubatch": self.n_ubatch,
-            "max_decode_group": self.max_decode_group,
-            "min_chunk": self.min_chunk,
-            "chunk_quantum": self.chunk_quantum,
-            "max_chunk": self.max_chunk,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -199,18 +189,10 @@ def choose_settings(
     else:
         mode, why = batching, "asked for"
     if mode == "exact":
-        settings = _exact_settings(exact or _safest(facts), n_batch, exact is not None)
+        settings = _exact_settings(exact or _safest(facts), n_batch)
     else:
         settings = BatchSettings(
-            "fast",
-            fast.flash_attn,
-            fast.best_ubatch(n_batch),
-            None,
-            1,
-            1,
-            None,
-            False,
-            "",
+            "fast", fast.flash_attn, fast.best_ubatch(n_batch), None, 1, 1, None
         )
     settings, inexact = _apply(settings, o, facts, n_seq_max)
     detail = (
@@ -226,7 +208,7 @@ def _safest(facts: list[AttentionFacts]) -> AttentionFacts:
     return next((f for f in facts if not f.flash_attn), facts[0])
 
 
-def _exact_settings(f: AttentionFacts, n_batch: int, exact: bool) -> BatchSettings:
+def _exact_settings(f: AttentionFacts, n_batch: int) -> BatchSettings:
     smallest, quantum = f.piece_rule or (1, 1)
     ubatch = f.best_ubatch(n_batch)
     return BatchSettings(
@@ -237,8 +219,6 @@ def _exact_settings(f: AttentionFacts, n_batch: int, exact: bool) -> BatchSettin
         smallest,
         quantum,
         ubatch,  # a chunk llama.cpp would split itself could leave a short remainder
-        exact,
-        "",
     )
 
 

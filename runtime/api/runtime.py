@@ -149,16 +149,13 @@ class Runtime:
     def _loop(self) -> None:
         stopping = False
         try:
-            while True:
-                idle = not self.engine.has_work
-                if stopping and idle:
-                    break
-                stopping = self._drain(block=idle and not stopping) or stopping
+            while not (stopping and not self.engine.has_work):
+                stopping |= self._drain(block=not self.engine.has_work)  # idle: wait
                 if not self.engine.has_work:
                     continue
                 it = self.engine.step()
                 if it is None:  # nothing could be planned: wait for a command, not spin
-                    stopping = self._drain(block=True) or stopping
+                    stopping |= self._drain(block=True)
                     continue
                 if self._writer is not None:
                     self._writer.iteration(it)
@@ -179,7 +176,7 @@ class Runtime:
         stop = False
         while True:
             try:
-                kind, arg = self._commands.get(block=block, timeout=0.1 if block else None)
+                kind, arg = self._commands.get(block=block)
             except queue.Empty:
                 return stop
             block = False

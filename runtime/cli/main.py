@@ -243,7 +243,7 @@ def run(workload: Path, policy_spec: str, out: Path | None, seed: int | None, **
 def calibrate(run_dir: Path, out: Path | None) -> None:
     """Fit the iteration cost model to RUN_DIR's iterations.jsonl, for the simulated
     backend (`--backend sim --cost-model FILE`) or as a run's `--calibration FILE`."""
-    from edgeprefill.runtime.runner.probe import profile_from_run, save_profile
+    from edgeprefill.runtime.runner.calibration import profile_from_run, save_profile
 
     profile = profile_from_run(run_dir)
     out = out or run_dir / "cost_model.json"

@@ -3,7 +3,7 @@ time of one decode step and the interactive target derived from it.
 
 The papers' budgets were tuned for GPUs (16k/2k tokens, an 80 ms target); on a laptop CPU a
 512-token chunk beside a decode takes over a second. A `DeviceProfile` is measured on the
-device a run uses (`runner.probe`) or fitted from a finished run.
+device a run uses (`runner.calibration`) or fitted from a finished run.
 """
 
 from __future__ import annotations

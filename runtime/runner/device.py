@@ -16,7 +16,7 @@ from edgeprefill.runtime.core.errors import UserError
 @contextmanager
 def open_device(o: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
     """The backend the options name, and the device profile policies default from."""
-    from edgeprefill.runtime.runner.probe import load_profile, probe_device
+    from edgeprefill.runtime.runner.calibration import load_profile, probe_device
 
     if o["backend"] == "sim":
         from edgeprefill.backends.sim import SimBackend
