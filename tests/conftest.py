@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from edgeprefill.backends.cache import CACHE_ENV
 from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
 from edgeprefill.backends.llamacpp.model_file import default_model_path
-from edgeprefill.backends.llamacpp.probe_cache import CACHE_ENV
 from edgeprefill.runtime.core.engine import Engine, Iteration
 from edgeprefill.runtime.core.request import Request
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import platform
 import time
 from dataclasses import dataclass
@@ -19,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import llama_cpp as lc
-import platformdirs
 
+from edgeprefill.backends.cache import cache_dir
 from edgeprefill.backends.llamacpp.native import LlamaModel
 from edgeprefill.backends.llamacpp.probe import measure
 from edgeprefill.backends.llamacpp.shapes import AttentionFacts
@@ -28,13 +27,6 @@ from edgeprefill.backends.llamacpp.shapes import AttentionFacts
 log = logging.getLogger(__name__)
 
 FORMAT = 2  # bump when what the probe measures changes: older files are measured again
-CACHE_ENV = "EDGEPREFILL_CACHE_DIR"
-
-
-def cache_dir() -> Path:
-    """$EDGEPREFILL_CACHE_DIR, else the platform's user cache folder (~/.cache/edgeprefill
-    on Linux)."""
-    return Path(os.environ.get(CACHE_ENV) or platformdirs.user_cache_path("edgeprefill"))
 
 
 def _cpu() -> tuple[str, str]:

@@ -31,16 +31,43 @@ def device_options(batching: str = "auto") -> Callable[[Callable[..., Any]], Cal
     options = [
         click.option(
             "--backend",
-            type=click.Choice(["llamacpp", "sim"]),
+            type=click.Choice(["llamacpp", "vllm", "sim"]),
             default="llamacpp",
             show_default=True,
-            help="sim: the simulated backend (needs --cost-model)",
+            help="vllm: the same policies inside vLLM's scheduler (GPU, or its CPU build); "
+            "sim: the simulated backend (needs --cost-model)",
         ),
         click.option(
             "--model",
             type=click.Path(path_type=Path),
             default=None,
-            help="GGUF file [default: the bundled Gemma 3 270M Q4_K_M]",
+            help="llamacpp: a GGUF file; vllm: a Hugging Face model folder [default: the "
+            "bundled Gemma 3 270M Q4_K_M, converted once for vLLM]",
+        ),
+        click.option(
+            "--dtype",
+            default="auto",
+            show_default=True,
+            help="vllm: weight and activation dtype (auto, float32, bfloat16, float16)",
+        ),
+        click.option(
+            "--tensor-parallel-size",
+            type=click.IntRange(min=1),
+            default=1,
+            show_default=True,
+            help="vllm: GPUs one model is split across",
+        ),
+        click.option(
+            "--enforce-eager/--no-enforce-eager",
+            default=False,
+            show_default=True,
+            help="vllm: skip torch.compile and CUDA graphs (starts in seconds, steps slower)",
+        ),
+        click.option(
+            "--kv-cache-gib",
+            type=float,
+            default=None,
+            help="vllm: memory for the KV cache [default: vLLM's share of the device]",
         ),
         click.option(
             "--cost-model",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from edgeprefill.runtime.core.budget import BackgroundCap, BudgetPolicy
 from edgeprefill.runtime.core.contract import Backend, BackendError, timing_of
@@ -62,6 +62,57 @@ class Iteration:
             "policy": self.policy_state,
             "error": self.error,
         }
+
+
+@dataclass(frozen=True)
+class Advance:
+    """What one call to a driver's `advance` produced: the iterations whose timing is
+    complete (on vLLM with CUDA events a step's timing can arrive a step later than its
+    tokens) and the requests that ended."""
+
+    iterations: list[Iteration]
+    finished: list[Request]
+
+
+class Driver(Protocol):
+    """What replays a workload in real time: the runtime's `Engine` over a backend it
+    schedules, or a backend's own engine that schedules itself (vLLM) with the same
+    policy objects."""
+
+    clock: Any
+    policy: BudgetPolicy
+
+    @property
+    def has_work(self) -> bool: ...
+
+    @property
+    def has_running(self) -> bool:
+        """Some request holds a sequence (the device is not idle for want of budget)."""
+        ...
+
+    def add(self, req: Request) -> bool: ...
+
+    def advance(self) -> Advance | None:
+        """Run one iteration; None when nothing could be scheduled."""
+        ...
+
+    def cancel(self, req: Request) -> bool: ...
+
+    def abort(self, reason: str) -> list[Request]: ...
+
+
+class SchedulingBackend(Protocol):
+    """A backend that schedules its own batches (vLLM): the runtime hands it the policy
+    object and replays the workload through the driver it returns."""
+
+    name: str
+    tokenizer: Any
+
+    def engine(self, policy: BudgetPolicy, *, guard: Any = None, clock: Any = None) -> Driver: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
 
 
 class Engine:
@@ -139,6 +190,14 @@ class Engine:
         if self.guard is not None:
             state = {**state, "thermal": self.guard.snapshot()}
         return Iteration(t_start, plan, timing, by_class, state, finished, sampled)
+
+    @property
+    def has_running(self) -> bool:
+        return bool(self.scheduler.running)
+
+    def advance(self) -> Advance | None:
+        it = self.step()
+        return None if it is None else Advance([it], it.finished)
 
     def cancel(self, req: Request) -> bool:
         """End one request between iterations (see `Scheduler.cancel`)."""

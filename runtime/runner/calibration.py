@@ -10,6 +10,7 @@ import numpy as np
 
 from edgeprefill.runtime.core.contract import Backend, SeqWork, timing_of
 from edgeprefill.runtime.core.costmodel import CostModel
+from edgeprefill.runtime.core.engine import SchedulingBackend
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.plan import IterationTiming
 from edgeprefill.runtime.core.profile import TYPICAL_DECODE_CTX, DeviceProfile, target_for
@@ -17,9 +18,11 @@ from edgeprefill.runtime.core.request import SamplingParams
 from edgeprefill.runtime.traffic.prompts import PromptBuilder
 
 
-def probe_device(backend: Backend, seed: int = 0) -> DeviceProfile:
+def probe_device(backend: Backend | SchedulingBackend, seed: int = 0) -> DeviceProfile:
     """Time decode steps alone, decodes beside prompt chunks of several sizes, chunks deep
     in a context and two decodes sharing a pass, then fit the cost model (about 5 s on a 2-core CPU)."""
+    if not isinstance(backend, Backend):
+        return _probe_self_scheduling(backend, seed)
     cap = backend.capacity
     if cap.n_ctx_seq < 128 or cap.n_batch < 32:
         raise UserError(
@@ -79,6 +82,20 @@ def probe_device(backend: Backend, seed: int = 0) -> DeviceProfile:
         timings,
         cap.chunk_quantum,
     )
+
+
+def _probe_self_scheduling(backend: SchedulingBackend, seed: int) -> DeviceProfile:
+    """vLLM plans its own batches: its probe steers them with a scripted budget."""
+    from edgeprefill.backends.vllm.probe import probe_timings
+
+    timings = probe_timings(backend, seed)
+    alone = [t.duration_s for t in timings if t.n_decode == 1 and t.n_prefill == 0]
+    if not alone or len(timings) < 6:
+        raise UserError("the vLLM startup probe saw too few steps; pass --calibration none")
+    decode_s = float(np.median(alone))
+    n_batch = backend.describe()["n_batch"]
+    cost = CostModel.fit(timings)
+    return DeviceProfile(cost, decode_s, target_for(decode_s), n_batch, 1, "probe", timings)
 
 
 def profile_from_run(run_dir: Path) -> DeviceProfile:

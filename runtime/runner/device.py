@@ -16,7 +16,7 @@ from edgeprefill.runtime.core.errors import UserError
 @contextmanager
 def open_device(o: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
     """The backend the options name, and the device profile policies default from."""
-    from edgeprefill.runtime.runner.calibration import load_profile, probe_device
+    from edgeprefill.runtime.runner.calibration import load_profile
 
     if o["backend"] == "sim":
         from edgeprefill.backends.sim import SimBackend
@@ -44,6 +44,25 @@ def open_device(o: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
         yield (lambda: SimBackend(profile.cost, capacity)), profile
         return
 
+    if o["backend"] == "vllm":
+        from edgeprefill.backends.vllm.backend import VllmBackend, VllmSettings
+        from edgeprefill.backends.vllm.model_folder import default_model_folder
+
+        settings = VllmSettings(
+            model=o["model"] if o["model"] is not None else default_model_folder(),
+            n_ctx=o["n_ctx"],
+            n_batch=o["n_batch"],
+            n_seq_max=o["n_seq_max"],
+            n_threads=o["threads"] or None,
+            dtype=o["dtype"],
+            tensor_parallel_size=o["tensor_parallel_size"],
+            enforce_eager=o["enforce_eager"],
+            kv_cache_gib=o["kv_cache_gib"],
+        )
+        with VllmBackend(settings) as vb:
+            yield (lambda: vb), _profile(o["calibration"], vb)
+        return
+
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
@@ -68,14 +87,18 @@ def open_device(o: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
         refresh_probe=o["reprobe"],
     )
     with LlamaCppBackend(config) as be:
-        calibration = o["calibration"]
-        if calibration == "probe":
-            profile = probe_device(be)
-        elif calibration == "none":
-            profile = None
-        else:
-            profile = load_profile(Path(calibration))
-        yield (lambda: be), profile
+        yield (lambda: be), _profile(o["calibration"], be)
+
+
+def _profile(calibration: str, backend: Any) -> Any:
+    """The device profile `--calibration` names: measured now, none, or from a file."""
+    from edgeprefill.runtime.runner.calibration import load_profile, probe_device
+
+    if calibration == "probe":
+        return probe_device(backend)
+    if calibration == "none":
+        return None
+    return load_profile(Path(calibration))
 
 
 def run_options(o: dict[str, Any], progress: bool | None = None) -> Any:

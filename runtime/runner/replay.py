@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from edgeprefill.runtime.core.engine import Engine, Iteration
+from edgeprefill.runtime.core.engine import Driver, Iteration
 from edgeprefill.runtime.core.request import Request
 from edgeprefill.runtime.runner.results import RunWriter
 
@@ -55,7 +55,7 @@ def _graceful_interrupt() -> Iterator[_StopFlag]:
 
 
 def run_requests(
-    engine: Engine,
+    engine: Driver,
     requests: list[Request],
     writer: RunWriter,
     on_iteration: Callable[[Iteration | None], None] = lambda it: None,
@@ -87,9 +87,9 @@ def run_requests(
                     if not engine.add(req):
                         ended(req)
                         on_iteration(None)
-                it = engine.step() if engine.has_work else None
-                if it is None:
-                    if engine.has_work and not engine.scheduler.running:
+                step = engine.advance() if engine.has_work else None
+                if step is None:
+                    if engine.has_work and not engine.has_running:
                         raise RuntimeError(
                             f"policy {engine.policy.name} gave no prefill budget with nothing "
                             "running: the run cannot progress"
@@ -97,10 +97,11 @@ def run_requests(
                     if pending:
                         clock.sleep(min(IDLE_POLL_S, max(pending[0].arrival_s - clock.now(), 0)))
                     continue
-                writer.iteration(it)
-                for req in it.finished:
+                for it in step.iterations:
+                    writer.iteration(it)
+                for req in step.finished:
                     ended(req)
-                on_iteration(it)
+                on_iteration(step.iterations[-1] if step.iterations else None)
         except KeyboardInterrupt:
             interrupted = True
     if interrupted:

@@ -12,8 +12,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.contract import Backend
-from edgeprefill.runtime.core.engine import Engine
+from edgeprefill.runtime.core.engine import Driver, Engine, SchedulingBackend
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.request import Request
@@ -52,7 +53,7 @@ class RunResult:
 def run_workload(
     workload: Workload,
     workload_path: Path,
-    backend: Backend,
+    backend: Backend | SchedulingBackend,
     policy_spec: str,
     out: Path,
     *,
@@ -63,10 +64,7 @@ def run_workload(
     o = options or RunOptions()
     policy = parse_policy(policy_spec)
     requests = build_requests(workload, backend.tokenizer, seed)
-    try:
-        engine = Engine(backend, policy, limits=o.limits, profile=profile)
-    except ValueError as e:
-        raise UserError(f"--max-background/--foreground-kv: {e}") from None
+    engine = _driver(backend, policy, o, profile)
     describe = backend.describe()
     simulated = bool(describe.get("simulated", False))
     if o.thermal is not None and (o.telemetry is None or simulated):
@@ -90,7 +88,7 @@ def run_workload(
                 )
             )
             if o.thermal is not None:
-                engine.guard = ThermalGuard(sampler.latest, o.thermal)
+                engine.guard = ThermalGuard(sampler.latest, o.thermal)  # type: ignore[misc]
         show = stack.enter_context(LiveProgress(requests, enabled=o.progress))
         outcome = run_requests(engine, requests, writer, show)
         if sampler is not None and config is not None:
@@ -117,3 +115,27 @@ def run_workload(
         summary.update(telemetry)
         writer.write_summary(summary)
     return RunResult(summary, outcome, requests, out)
+
+
+def _driver(
+    backend: Backend | SchedulingBackend,
+    policy: BudgetPolicy,
+    o: RunOptions,
+    profile: DeviceProfile | None,
+) -> Driver:
+    """The runtime's engine over a backend it schedules; a self-scheduling backend's own
+    engine (vLLM) with the same policy object."""
+    if isinstance(backend, Backend):
+        try:
+            return Engine(backend, policy, limits=o.limits, profile=profile)
+        except ValueError as e:
+            raise UserError(f"--max-background/--foreground-kv: {e}") from None
+    if o.limits is not None and o.limits != BackgroundLimits():
+        raise UserError(
+            f"--max-background/--foreground-kv apply to the llama.cpp backend; {backend.name} "
+            "admits requests by its own KV-cache accounting: drop them"
+        )
+    if profile is not None:
+        policy.calibrate(profile)
+    policy.check_ready()
+    return backend.engine(policy)

@@ -1,0 +1,16 @@
+"""Where backends keep what they measured or converted once per machine."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+CACHE_ENV = "EDGEPREFILL_CACHE_DIR"
+
+
+def cache_dir() -> Path:
+    """$EDGEPREFILL_CACHE_DIR, else the platform's user cache folder (~/.cache/edgeprefill
+    on Linux)."""
+    return Path(os.environ.get(CACHE_ENV) or platformdirs.user_cache_path("edgeprefill"))

@@ -1,0 +1,163 @@
+"""Opening vLLM for a run: settings, the engine with the edgeprefill scheduler and timed
+worker, the model's tokenizer, and the facts summary.json records."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edgeprefill.backends.vllm.check import require_vllm
+from edgeprefill.backends.vllm.engine import VllmEngine
+from edgeprefill.runtime.core.budget import BudgetPolicy
+from edgeprefill.runtime.core.errors import UserError
+
+SCHEDULERS = {
+    False: "edgeprefill.backends.vllm.scheduler.EdgeprefillScheduler",
+    True: "edgeprefill.backends.vllm.scheduler.EdgeprefillAsyncScheduler",
+}
+# vLLM's default worker for each platform -> the timed subclass that replaces it.
+TIMED_WORKERS = {
+    "vllm.v1.worker.cpu_worker.CPUWorker": "edgeprefill.backends.vllm.worker.TimedCPUWorker",
+    "vllm.v1.worker.gpu_worker.Worker": "edgeprefill.backends.vllm.worker.TimedGPUWorker",
+}
+
+
+@dataclass(frozen=True)
+class VllmSettings:
+    model: Path  # a Hugging Face model folder
+    n_ctx: int = 4096  # max_model_len: the longest sequence
+    n_batch: int = 2048  # max_num_batched_tokens: the most tokens in one step
+    n_seq_max: int = 8  # max_num_seqs
+    n_threads: int | None = None  # torch threads on the CPU build (None: every core)
+    dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = False  # skip torch.compile / CUDA graphs (fast start, slower steps)
+    kv_cache_gib: float | None = None  # None: vLLM's default share of the device memory
+    seed: int = 0
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+class VllmBackend:
+    """An open vLLM engine (in this process, so the driver reaches its scheduler). One
+    backend serves several runs in turn (`compare`, `sweep`), each with its own policy."""
+
+    name = "vllm"
+    clock = None
+
+    def __init__(self, settings: VllmSettings) -> None:
+        self.version = require_vllm()
+        if not (settings.model / "config.json").is_file():
+            raise UserError(
+                f"--model {settings.model}: not a Hugging Face model folder (no config.json); "
+                "vLLM 0.32 cannot load a GGUF file, see README 'vLLM'"
+            )
+        on_gpu = _cuda_available()
+        if settings.tensor_parallel_size > 1 and not on_gpu:
+            raise UserError(
+                f"--tensor-parallel-size {settings.tensor_parallel_size} needs NVIDIA GPUs "
+                "and none is visible; drop it on a CPU"
+            )
+        self.settings = settings
+        threads = settings.n_threads or os.cpu_count() or 1
+        # In-process engine core: the driver reads the scheduler's step records directly.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # vLLM's CPU build cuts torch to one thread unless OMP_NUM_THREADS is set (fp32
+        # decoding was 10x slower with one thread on a 2-core CPU).
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        from vllm import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        from edgeprefill.backends.vllm.tokenizer import HFTokenizer
+
+        self.tokenizer = HFTokenizer(settings.model)
+        args = EngineArgs(
+            model=str(settings.model),
+            skip_tokenizer_init=True,  # prompts are token ids, built by the runtime
+            max_model_len=settings.n_ctx,
+            max_num_batched_tokens=settings.n_batch,
+            max_num_seqs=settings.n_seq_max,
+            enable_chunked_prefill=True,
+            enable_prefix_caching=False,  # every run computes what it is measured on
+            scheduling_policy="priority",
+            dtype=settings.dtype,
+            seed=settings.seed,
+            tensor_parallel_size=settings.tensor_parallel_size,
+            enforce_eager=settings.enforce_eager,
+            kv_cache_memory_bytes=(
+                None if settings.kv_cache_gib is None else int(settings.kv_cache_gib * 2**30)
+            ),
+            gpu_memory_utilization=0.9 if on_gpu else 0.3,
+            disable_log_stats=True,
+        )
+        try:
+            config = args.create_engine_config()
+        except (ValueError, TypeError) as e:
+            raise UserError(f"vLLM rejected the settings: {str(e).splitlines()[0]}") from None
+        sched = config.scheduler_config
+        sched.scheduler_cls = SCHEDULERS[bool(sched.async_scheduling)]
+        worker = config.parallel_config.worker_cls
+        if worker not in TIMED_WORKERS:
+            raise UserError(
+                f"vLLM chose worker {worker}, which edgeprefill cannot time; supported: "
+                f"{', '.join(TIMED_WORKERS)}"
+            )
+        config.parallel_config.worker_cls = TIMED_WORKERS[worker]
+        self.async_scheduling = bool(sched.async_scheduling)
+        self.device = "cuda" if on_gpu else "cpu"
+        self.llm = LLMEngine.from_vllm_config(config, disable_log_stats=True)
+        self.scheduler = self.llm.engine_core.engine_core.scheduler
+        self.timer_clock = self.llm.collective_rpc("edgeprefill_clock")[0]
+        self.max_num_batched_tokens = sched.max_num_batched_tokens
+        self._closed = False
+
+    def engine(self, policy: BudgetPolicy, *, guard: Any = None, clock: Any = None) -> VllmEngine:
+        """A driver for one run, with `policy` installed in vLLM's scheduler."""
+        return VllmEngine(
+            self.llm,
+            self.scheduler,
+            policy,
+            self.tokenizer.eog_ids,
+            self.settings.n_ctx,
+            guard=guard,
+            clock=clock,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "name": "vllm",
+            "vllm_version": self.version,
+            "model": str(s.model),
+            "device": self.device,
+            "clock": self.timer_clock,
+            "scheduler": type(self.scheduler).__name__,
+            "async_scheduling": self.async_scheduling,
+            "dtype": s.dtype,
+            "max_model_len": s.n_ctx,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "n_batch": self.max_num_batched_tokens,  # the runtime's name, for calibrate
+            "max_num_seqs": s.n_seq_max,
+            "tensor_parallel_size": s.tensor_parallel_size,
+            "threads": os.environ.get("OMP_NUM_THREADS"),
+            "enforce_eager": s.enforce_eager,
+            "prefix_caching": False,
+        }
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.llm.engine_core.shutdown()
+
+    def __enter__(self) -> VllmBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

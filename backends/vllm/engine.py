@@ -1,0 +1,172 @@
+"""Replays requests through vLLM's `LLMEngine`, one `step()` at a time, as a `Driver`.
+
+The runtime's runner submits each request when its arrival time passes on the run's clock
+(vLLM's `arrival_time` only labels a request) and writes the same result files as on
+llama.cpp: token timestamps come from streamed deltas as each step returns, iteration
+records from the scheduler mixin once each step's completed timing has arrived.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from edgeprefill.backends.vllm.steps import BACKGROUND_PRIORITY, FOREGROUND_PRIORITY
+from edgeprefill.runtime.core.budget import BudgetPolicy
+from edgeprefill.runtime.core.engine import Advance, Iteration, RunClock
+from edgeprefill.runtime.core.plan import Plan
+from edgeprefill.runtime.core.request import Request, Status
+
+
+class VllmEngine:
+    """One run's requests on an open vLLM engine, with `policy` installed in its scheduler."""
+
+    def __init__(
+        self,
+        llm: Any,
+        scheduler: Any,
+        policy: BudgetPolicy,
+        stop_ids: list[int],
+        max_model_len: int,
+        *,
+        guard: Any = None,
+        clock: RunClock | None = None,
+    ) -> None:
+        from vllm import SamplingParams
+        from vllm.exceptions import VLLMValidationError
+        from vllm.sampling_params import RequestOutputKind
+
+        self._invalid = VLLMValidationError
+
+        self._sampling_params = SamplingParams
+        self._delta = RequestOutputKind.DELTA
+        self.llm = llm
+        self.scheduler = scheduler
+        self.policy = policy
+        self.clock = clock or RunClock()
+        self._stop_ids = stop_ids
+        self.max_model_len = max_model_len
+        self._live: dict[str, Request] = {}
+        self._internal: dict[str, str] = {}  # our id -> vLLM's (it appends a suffix)
+        self._external: dict[str, str] = {}  # vLLM's id -> ours
+        scheduler.install(policy, guard, self.clock.now)
+
+    @property
+    def guard(self) -> Any:
+        return self.scheduler.ep_guard
+
+    @guard.setter
+    def guard(self, guard: Any) -> None:
+        """The thermal guard caps background prompt tokens inside vLLM's scheduler."""
+        self.scheduler.ep_guard = guard
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._live)
+
+    @property
+    def has_running(self) -> bool:
+        return bool(self.scheduler.running)
+
+    def add(self, req: Request) -> bool:
+        params = self._sampling_params(
+            n=1,
+            temperature=req.sampling.temperature,
+            top_p=req.sampling.top_p,
+            seed=None if req.sampling.greedy else req.sampling.seed,
+            max_tokens=req.max_tokens,
+            ignore_eos=req.ignore_eos,
+            stop_token_ids=[] if req.ignore_eos else self._stop_ids,
+            detokenize=False,
+            output_kind=self._delta,
+        )
+        priority = FOREGROUND_PRIORITY if req.cls == "foreground" else BACKGROUND_PRIORITY
+        if req.kv_cells > self.max_model_len:  # vLLM would silently cut the output short
+            req.fail(
+                f"prompt of {req.prompt_len} tokens plus {req.max_tokens} output tokens needs "
+                f"{req.kv_cells} positions but the model runs with max_model_len "
+                f"{self.max_model_len}; raise --n-ctx or shorten the prompt"
+            )
+            return False
+        try:
+            internal = self.llm.add_request(
+                req.id,
+                {"prompt_token_ids": req.prompt},
+                params,
+                arrival_time=None,
+                priority=priority,
+            )
+        except (ValueError, self._invalid) as e:  # vLLM's own validation
+            req.fail(f"vLLM refused the request: {e}")
+            return False
+        req.status = Status.PREFILL
+        self._live[req.id] = req
+        self._internal[req.id] = internal
+        self._external[internal] = req.id
+        return True
+
+    def advance(self) -> Advance | None:
+        before = self.scheduler.ep_ledger.next_step
+        outputs = self.llm.step()
+        now = self.clock.now()
+        finished: list[Request] = []
+        for out in outputs:
+            req = self._live.get(out.request_id)
+            if req is None:
+                continue
+            completion = out.outputs[0] if out.outputs else None
+            new = list(completion.token_ids) if completion is not None else []
+            if new:
+                req.num_computed = req.prompt_len
+                req.status = Status.DECODE
+                req.output += new
+                req.token_times_s += [now] * len(new)
+            if out.finished:
+                reason = completion.finish_reason if completion is not None else None
+                req.finish_reason = "length" if reason == "length" else "stop"
+                req.status = Status.FINISHED
+                del self._live[req.id]
+                finished.append(req)
+        iterations = [
+            Iteration(
+                c.record.t_start_s,
+                self._ours(c.record.plan),
+                c.timing,
+                c.record.prefill_by_class,
+                c.policy_state,
+            )
+            for c in self.scheduler.take_completed()
+        ]
+        if not iterations and not finished and self.scheduler.ep_ledger.next_step == before:
+            return None  # nothing was scheduled
+        return Advance(iterations, finished)
+
+    def _ours(self, plan: Plan) -> Plan:
+        """The plan under the request ids the results use."""
+        ext = self._external
+        return replace(
+            plan,
+            decode=tuple(ext.get(r, r) for r in plan.decode),
+            prefill={ext.get(r, r): n for r, n in plan.prefill.items()},
+        )
+
+    def cancel(self, req: Request) -> bool:
+        if self._live.pop(req.id, None) is None:
+            return False
+        self._end(req, "cancelled")
+        return True
+
+    def abort(self, reason: str) -> list[Request]:
+        ended = list(self._live.values())
+        self._live.clear()
+        for req in ended:
+            self._end(req, reason)
+        return ended
+
+    def _end(self, req: Request, reason: str) -> None:
+        internal = self._internal[req.id]
+        held = self.scheduler.requests.get(internal)
+        if held is not None:
+            req.num_computed = min(held.num_computed_tokens, req.prompt_len)
+        self.llm.abort_request([internal], internal=True)
+        req.fail(reason)

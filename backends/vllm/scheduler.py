@@ -1,0 +1,174 @@
+"""The budget policies inside vLLM's V1 scheduler, as a mixin over both of its schedulers.
+
+Load by dotted name (`scheduler_cls`), because the engine core may run in another process:
+`EdgeprefillScheduler` (synchronous scheduling, as on the CPU) or
+`EdgeprefillAsyncScheduler` (async scheduling, the GPU default; a plain `Scheduler` there
+loses the overlap). Used alone, e.g. `vllm serve --scheduler-cls ...`, the policy comes
+from `--additional-config '{"edgeprefill": {"policy": "ppas:cap=256,min_prefills=2"}}'`;
+`engine.VllmEngine` installs its own policy object instead.
+
+The cap is aggregate: `Scheduler._reserve_prefill_lookahead` is called for every running
+and waiting candidate right before vLLM's zero check, so clamping there limits the sum of
+prompt tokens in a step without copying `schedule()` and without touching decodes (the
+P-PAS authors' patch shrank the whole step's token budget, which caps decodes too).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from edgeprefill.backends.vllm.steps import (
+    TIMINGS_ATTR,
+    CompletedStep,
+    StepLedger,
+    StepRecord,
+    class_of,
+    prompt_left,
+)
+from edgeprefill.runtime.core.budget import BackgroundCap, BudgetPolicy
+from edgeprefill.runtime.core.plan import IterationTiming, Plan, SchedState
+from edgeprefill.runtime.policies import parse_policy
+
+
+def _left(req: Any, num_computed: int | None = None) -> int:
+    computed = req.num_computed_tokens if num_computed is None else num_computed
+    return prompt_left(req.num_tokens, req.num_output_tokens, computed)
+
+
+class BudgetMixin:
+    """Applies a `BudgetPolicy` to each step and feeds it each completed step's timing."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        extra = (self.vllm_config.additional_config or {}).get("edgeprefill", {})  # type: ignore[attr-defined]
+        policy = parse_policy(extra.get("policy", "unlimited"))
+        policy.check_ready()
+        self.install(policy)
+
+    def install(
+        self,
+        policy: BudgetPolicy,
+        guard: BackgroundCap | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        """Use this policy (and thermal guard) from the next step on; `clock` stamps steps."""
+        self.ep_policy = policy
+        self.ep_guard = guard
+        self.ep_clock = clock
+        old = getattr(self, "ep_ledger", None)
+        if old is not None and old.waiting:
+            raise RuntimeError("a new policy while steps still wait for their timing")
+        self.ep_ledger = StepLedger(old.next_step if old is not None else 0)
+        self.ep_completed: list[CompletedStep] = []
+        self.ep_last: IterationTiming | None = None
+        self._ep_left: int | None = None
+        self._ep_bg_left: int | None = None
+
+    # --- before the step --------------------------------------------------------------
+    def _ep_state(self) -> SchedState:
+        running = list(self.running)  # type: ignore[attr-defined]
+        waiting = list(self.waiting)  # type: ignore[attr-defined]
+        decodes = [r for r in running if _left(r) == 0]
+        prefills = [r for r in running if _left(r) > 0] or waiting
+        head = min(prefills, key=lambda r: (r.priority, r.arrival_time), default=None)
+        return SchedState(
+            n_prefill_running=len(running) - len(decodes),
+            n_prefill_waiting=len(waiting),
+            n_decode=len(decodes),
+            n_decode_foreground=sum(class_of(r.priority) == "foreground" for r in decodes),
+            n_batch=self.max_num_scheduled_tokens,  # type: ignore[attr-defined]
+            last=self.ep_last,
+            decode_ctx=sum(r.num_computed_tokens + 1 for r in decodes),
+            next_prefill_pos=head.num_computed_tokens if head is not None else 0,
+            next_prefill_left=_left(head) if head is not None else 0,
+        )
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        t_start = self.ep_clock()
+        budget = self.ep_policy.budget(self._ep_state())
+        bg_cap = None
+        if self.ep_guard is not None:
+            self.ep_guard.update()
+            bg_cap = self.ep_guard.background_cap(budget, self.max_num_scheduled_tokens)  # type: ignore[attr-defined]
+        self._ep_left, self._ep_bg_left = budget, bg_cap
+        try:
+            out = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self._ep_left = self._ep_bg_left = None
+        if out.total_num_scheduled_tokens > 0:
+            self.ep_ledger.add(self._ep_record(out, t_start, budget, bg_cap))
+        return out
+
+    def _reserve_prefill_lookahead(self, request: Any, num_computed: int, num_new: int) -> int:
+        n = super()._reserve_prefill_lookahead(request, num_computed, num_new)  # type: ignore[misc]
+        prompt = min(n, _left(request, num_computed))
+        if prompt == 0 or self._ep_left is None and self._ep_bg_left is None:
+            return n  # a decode (never capped), or no cap this step
+        background = class_of(request.priority) == "background"
+        allowed = prompt if self._ep_left is None else min(prompt, self._ep_left)
+        if background and self._ep_bg_left is not None:
+            allowed = min(allowed, self._ep_bg_left)
+        # Charged now, before vLLM allocates KV blocks: a candidate that then cannot be
+        # allocated leaves the step below the cap, never above it.
+        if self._ep_left is not None:
+            self._ep_left -= allowed
+        if background and self._ep_bg_left is not None:
+            self._ep_bg_left -= allowed
+        return allowed
+
+    def _ep_record(
+        self, out: Any, t_start: float, budget: int | None, bg_cap: int | None
+    ) -> StepRecord:
+        decode: list[str] = []
+        prefill: dict[str, int] = {}
+        classes: dict[str, str] = {}
+        by_class = {"foreground": 0, "background": 0}
+        ctx_work = n_sampled = 0
+        for rid, n in out.num_scheduled_tokens.items():
+            req = self.requests[rid]  # type: ignore[attr-defined]
+            before = req.num_computed_tokens - n  # vLLM advanced it when it scheduled
+            cls = classes[rid] = class_of(req.priority)
+            prompt = min(n, _left(req, before))
+            ctx_work += n * before + n * (n + 1) // 2
+            if prompt == 0:
+                decode.append(rid)
+                n_sampled += 1
+                continue
+            prefill[rid] = prompt
+            by_class[cls] += prompt
+            n_sampled += before + n >= req.num_tokens  # the chunk ends the prompt: samples
+        plan = Plan(budget, tuple(decode), prefill, bg_cap)
+        return StepRecord(
+            self.ep_ledger.next_step, t_start, plan, classes, ctx_work, n_sampled, by_class
+        )
+
+    # --- after the step ---------------------------------------------------------------
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        for reading in getattr(model_runner_output, TIMINGS_ATTR, None) or ():
+            record = self.ep_ledger.match(reading.step, reading.tokens)
+            timing = record.timing(reading.duration_s)
+            self.ep_policy.observe(timing)
+            self.ep_last = timing
+            state = self.ep_policy.snapshot()
+            if self.ep_guard is not None:
+                state = {**state, "thermal": self.ep_guard.snapshot()}
+            self.ep_completed.append(CompletedStep(record, timing, state))
+        return super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+
+    def take_completed(self) -> list[CompletedStep]:
+        """Steps whose timing arrived since the last call, in step order."""
+        done, self.ep_completed = self.ep_completed, []
+        return done
+
+
+class EdgeprefillScheduler(BudgetMixin, Scheduler):
+    """vLLM's synchronous scheduler with the budget policy."""
+
+
+class EdgeprefillAsyncScheduler(BudgetMixin, AsyncScheduler):
+    """vLLM's async scheduler with the budget policy (readings arrive a step late)."""

@@ -1,0 +1,89 @@
+"""Worker subclasses that time every step from `execute_model` to `sample_tokens`.
+
+vLLM loads these by dotted name (`worker_cls`), in whatever process runs the model. The
+readings ride to the scheduler on the step's `ModelRunnerOutput` (attribute
+`edgeprefill_timings`), the same path the sampled tokens take, so they arrive with tensor
+parallelism too (only rank 0's output reaches the scheduler). vLLM's shared empty output
+object is copied, never mutated.
+"""
+
+from __future__ import annotations
+
+from copy import copy
+from typing import Any
+
+import torch
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, ModelRunnerOutput
+from vllm.v1.worker.cpu_worker import CPUWorker
+from vllm.v1.worker.gpu_worker import Worker
+
+from edgeprefill.backends.vllm.steps import TIMINGS_ATTR
+from edgeprefill.backends.vllm.timing import CudaEventTimer, PerfCounterTimer, StepTimer
+
+
+class _TimedAsyncOutput(AsyncModelRunnerOutput):
+    """Async scheduling: the step's output is materialized later; the readings completed
+    by then go with it."""
+
+    def __init__(self, inner: AsyncModelRunnerOutput, worker: _StepTimingMixin) -> None:
+        self._inner = inner
+        self._worker = worker
+
+    def get_output(self) -> ModelRunnerOutput:
+        return self._worker._attach(self._inner.get_output())
+
+
+class _StepTimingMixin:
+    _ep_timer: StepTimer | None = None
+    _ep_steps = 0
+
+    def _timer(self) -> StepTimer:
+        if self._ep_timer is None:
+            on_gpu = torch.cuda.is_available() and getattr(self, "device", None) is not None
+            on_gpu = on_gpu and torch.device(self.device).type == "cuda"  # type: ignore[attr-defined]
+            self._ep_timer = CudaEventTimer(torch) if on_gpu else PerfCounterTimer()
+        return self._ep_timer
+
+    def execute_model(self, scheduler_output: Any) -> Any:
+        tokens = scheduler_output.total_num_scheduled_tokens
+        if tokens == 0:  # nothing computed: not a step the scheduler counts either
+            return super().execute_model(scheduler_output)  # type: ignore[misc]
+        timer = self._timer()
+        timer.start(self._ep_steps, tokens)
+        self._ep_steps += 1
+        out = super().execute_model(scheduler_output)  # type: ignore[misc]
+        if out is None:  # sampling follows in sample_tokens
+            return out
+        timer.stop()  # a step without sampling (pooling, a pipeline stage)
+        return self._wrap(out)
+
+    def sample_tokens(self, grammar_output: Any) -> Any:
+        out = super().sample_tokens(grammar_output)  # type: ignore[misc]
+        self._timer().stop()
+        return self._wrap(out)
+
+    def _wrap(self, out: Any) -> Any:
+        if isinstance(out, AsyncModelRunnerOutput):
+            return _TimedAsyncOutput(out, self)
+        return self._attach(out)
+
+    def _attach(self, out: ModelRunnerOutput) -> ModelRunnerOutput:
+        readings = self._timer().poll()
+        if not readings:
+            return out
+        if out is EMPTY_MODEL_RUNNER_OUTPUT:
+            out = copy(out)
+        setattr(out, TIMINGS_ATTR, readings)
+        return out
+
+    def edgeprefill_clock(self) -> str:
+        """The clock's name, for summary.json (called through `collective_rpc`)."""
+        return self._timer().clock
+
+
+class TimedCPUWorker(_StepTimingMixin, CPUWorker):
+    """vLLM's CPU worker, timed synchronously with perf_counter."""
+
+
+class TimedGPUWorker(_StepTimingMixin, Worker):
+    """vLLM's GPU worker, timed with CUDA events."""

@@ -1,0 +1,195 @@
+"""The vLLM backend on vLLM's CPU build with a tiny locally written model: the same policy
+objects inside vLLM's scheduler, completed-step timing, the same result files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (make test installs its CPU build)")
+
+from edgeprefill.backends.vllm.backend import VllmBackend, VllmSettings  # noqa: E402
+from edgeprefill.runtime.core.budget import BudgetPolicy  # noqa: E402
+from edgeprefill.runtime.core.plan import IterationTiming  # noqa: E402
+from edgeprefill.runtime.core.request import Request  # noqa: E402
+from edgeprefill.runtime.policies import parse_policy  # noqa: E402
+from edgeprefill.runtime.runner.calibration import probe_device  # noqa: E402
+from edgeprefill.runtime.runner.session import RunOptions, run_workload  # noqa: E402
+from edgeprefill.runtime.traffic.workload import load_workload  # noqa: E402
+from tests.vllm_model import write_tiny_model  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+WORKLOAD = """
+name: vllm_small
+seed: 3
+streams:
+  chat:
+    class: foreground
+    arrivals: {process: poisson, rate_per_s: 20, count: 6, start_s: 0.05}
+    prompt: {source: text, tokens: {min: 40, max: 120}}
+    output_tokens: {min: 12, max: 24}
+    ignore_eos: true
+  docs:
+    class: background
+    arrivals: {process: burst, count: 3, start_s: 0.0}
+    prompt: {source: text, tokens: {min: 600, max: 900}}
+    output_tokens: {min: 4, max: 8}
+    ignore_eos: true
+"""
+
+
+@pytest.fixture(scope="module")
+def vllm_backend(tmp_path_factory):
+    folder = write_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+    settings = VllmSettings(
+        folder, n_ctx=2048, n_batch=1024, n_seq_max=8, dtype="float32",
+        enforce_eager=True, kv_cache_gib=0.25,
+    )  # fmt: skip
+    with VllmBackend(settings) as be:
+        yield be
+
+
+@pytest.fixture(scope="module")
+def vllm_profile(vllm_backend):
+    profile = probe_device(vllm_backend)
+    assert profile.source == "probe" and profile.decode_s > 0
+    assert profile.cost.per_prefill_s > 0  # the scripted chunks were really timed
+    return profile
+
+
+@pytest.fixture
+def workload(tmp_path) -> tuple[object, Path]:
+    path = tmp_path / "w.yaml"
+    path.write_text(WORKLOAD)
+    return load_workload(path), path
+
+
+def drain(engine, requests: list[Request]):
+    """Submit everything at once and advance until done; every step's iteration record and
+    the requests decoding when it was planned (from the driver's outputs, not the policy)."""
+    for r in requests:
+        assert engine.add(r)
+    steps = []
+    while engine.has_work:
+        decoding = {r.id for r in requests if r.output and not r.done}
+        adv = engine.advance()
+        assert adv is not None, "vLLM scheduled nothing with work left"
+        for it in adv.iterations:
+            steps.append((decoding, it))
+    return steps
+
+
+def requests(tok, n_docs: int = 3, n_chats: int = 3) -> list[Request]:
+    words = "the house of the river by the garden in summer "
+    docs = [
+        Request(
+            f"doc{i}",
+            "background",
+            0.0,
+            tok.encode(words * 90, add_bos=True, special=True)[: 500 + 37 * i],
+            6,
+            ignore_eos=True,
+        )
+        for i in range(n_docs)
+    ]
+    chats = [
+        Request(
+            f"chat{i}",
+            "foreground",
+            0.0,
+            tok.encode(words * 9, add_bos=True, special=True)[: 30 + 7 * i],
+            16,
+            ignore_eos=True,
+        )
+        for i in range(n_chats)
+    ]
+    return chats + docs
+
+
+@pytest.mark.parametrize("spec", ["ppas:nth=1,bmax=1024,bcap=24", "cadence:itl_ms=5"])
+def test_prompt_tokens_stay_under_the_cap_and_every_decode_runs_every_step(
+    vllm_backend, vllm_profile, spec
+):
+    policy = parse_policy(spec)
+    if spec.startswith("cadence"):  # its cost model comes from the vLLM startup probe
+        policy.calibrate(vllm_profile)
+    engine = vllm_backend.engine(policy)
+    steps = drain(engine, requests(vllm_backend.tokenizer))
+    capped = 0
+    for decoding, it in steps:
+        assert set(it.plan.decode) == decoding, "a running decode was left out of a step"
+        if it.plan.decode and it.plan.budget is not None:
+            assert it.plan.n_prefill <= it.plan.budget
+            capped += it.plan.n_prefill > 0
+    assert capped >= 3  # prompts really rode along with decodes under the cap
+
+
+def test_greedy_outputs_are_identical_across_policies(vllm_backend):
+    outputs = {}
+    for spec in ("unlimited", "static:16", "ppas:nth=1,bmax=1024,bcap=40"):
+        reqs = requests(vllm_backend.tokenizer)
+        drain(vllm_backend.engine(parse_policy(spec)), reqs)
+        outputs[spec] = {r.id: r.output for r in reqs}
+        assert all(
+            len(o) == r.max_tokens for r, o in zip(reqs, outputs[spec].values(), strict=True)
+        )
+    first = outputs["unlimited"]
+    assert all(o == first for o in outputs.values())
+
+
+class Recording(BudgetPolicy):
+    """A fixed budget that records every timing the scheduler hands it."""
+
+    name = "recording"
+
+    def __init__(self, tokens: int) -> None:
+        self.tokens = tokens
+        self.seen: list[IterationTiming] = []
+
+    def budget(self, state):
+        return self.tokens
+
+    def observe(self, timing):
+        self.seen.append(timing)
+
+
+def test_the_policy_gets_one_timing_per_completed_step_in_order_with_its_composition(vllm_backend):
+    policy = Recording(48)
+    steps = drain(vllm_backend.engine(policy), requests(vllm_backend.tokenizer))
+    assert len(policy.seen) == len(steps)
+    starts = [it.t_start_s for _, it in steps]
+    assert starts == sorted(starts)
+    for timing, (_, it) in zip(policy.seen, steps, strict=True):
+        assert (timing.n_decode, timing.n_prefill) == (it.plan.n_decode, it.plan.n_prefill)
+        assert timing.duration_s == it.timing.duration_s > 0
+        assert timing.n_chunks == len(it.plan.prefill)
+
+
+def test_a_run_writes_the_same_result_files_and_reconciles(vllm_backend, workload, tmp_path):
+    spec, path = workload
+    result = run_workload(
+        spec, path, vllm_backend, "static:32", tmp_path / "run",
+        options=RunOptions(progress=False, telemetry=None),
+    )  # fmt: skip
+    s = result.summary
+    assert s["backend"]["name"] == "vllm" and s["backend"]["clock"] == "perf_counter"
+    acc = s["accounting"]
+    assert acc["reconciled"] and acc["submitted"] == 9 == acc["completed"]
+    recs = [json.loads(x) for x in (tmp_path / "run" / "iterations.jsonl").read_text().splitlines()]
+    assert sum(r["n_prefill"] for r in recs) == sum(r.prompt_len for r in result.requests)
+    assert all(r["n_prefill"] <= 32 for r in recs if r["n_decode"])
+    for r in result.requests:
+        assert len(r.output) == r.max_tokens and len(r.token_times_s) == r.max_tokens
+
+
+def test_a_request_longer_than_the_model_fails_with_a_reason_and_the_rest_run(vllm_backend):
+    engine = vllm_backend.engine(parse_policy("unlimited"))
+    too_long = Request("long", "background", 0.0, [5] * 2100, 4)
+    ok = Request("ok", "foreground", 0.0, [5] * 20, 3, ignore_eos=True)
+    assert not engine.add(too_long)
+    assert "max_model_len 2048" in (too_long.error or "")
+    drain(engine, [ok])
+    assert len(ok.output) == 3
