@@ -193,3 +193,26 @@ def test_a_request_longer_than_the_model_fails_with_a_reason_and_the_rest_run(vl
     assert "max_model_len 2048" in (too_long.error or "")
     drain(engine, [ok])
     assert len(ok.output) == 3
+
+
+def test_one_workload_and_seed_give_byte_identical_arrivals_on_every_backend(
+    vllm_backend, make_backend, workload, tmp_path
+):
+    from edgeprefill.backends.sim import SimBackend
+    from edgeprefill.runtime.core.contract import Capacity
+    from edgeprefill.runtime.core.costmodel import CostModel
+
+    spec, path = workload
+    sim = SimBackend(CostModel(0.01, 0.002, 0.0005, 0.0001), Capacity(1024, 16384, 8, 2048))
+    quiet = RunOptions(progress=False, telemetry=None)
+    traces = {}
+    for name, backend in (
+        ("vllm", vllm_backend),
+        ("llamacpp", make_backend(n_ctx=2048)),
+        ("sim", sim),
+    ):
+        out = tmp_path / name
+        run_workload(spec, path, backend, "static:256", out, seed=11, options=quiet)
+        traces[name] = (out / "arrivals.jsonl").read_bytes()
+    assert traces["vllm"] == traces["llamacpp"] == traces["sim"]
+    assert traces["vllm"].count(b"\n") == 9

@@ -3,6 +3,7 @@ worker, the model's tokenizer, and the facts summary.json records."""
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,11 @@ class VllmBackend:
     clock = None
 
     def __init__(self, settings: VllmSettings) -> None:
+        # vLLM logs pages at INFO, some before its logging is set up; the run prints its own
+        # summary. VLLM_LOGGING_LEVEL set by the user wins.
+        if "VLLM_LOGGING_LEVEL" not in os.environ:
+            os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"
+            logging.getLogger("vllm").setLevel(logging.ERROR)
         self.version = require_vllm()
         if not (settings.model / "config.json").is_file():
             raise UserError(
@@ -70,7 +76,13 @@ class VllmBackend:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # vLLM's CPU build cuts torch to one thread unless OMP_NUM_THREADS is set (fp32
         # decoding was 10x slower with one thread on a 2-core CPU).
-        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        if settings.n_threads is not None:
+            os.environ["OMP_NUM_THREADS"] = str(threads)
+        else:
+            os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         from vllm import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -110,6 +122,7 @@ class VllmBackend:
             )
         config.parallel_config.worker_cls = TIMED_WORKERS[worker]
         self.async_scheduling = bool(sched.async_scheduling)
+        self.dtype = str(config.model_config.dtype).removeprefix("torch.")
         self.device = "cuda" if on_gpu else "cpu"
         self.llm = LLMEngine.from_vllm_config(config, disable_log_stats=True)
         self.scheduler = self.llm.engine_core.engine_core.scheduler
@@ -139,7 +152,7 @@ class VllmBackend:
             "clock": self.timer_clock,
             "scheduler": type(self.scheduler).__name__,
             "async_scheduling": self.async_scheduling,
-            "dtype": s.dtype,
+            "dtype": self.dtype,
             "max_model_len": s.n_ctx,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "n_batch": self.max_num_batched_tokens,  # the runtime's name, for calibrate
@@ -148,6 +161,13 @@ class VllmBackend:
             "threads": os.environ.get("OMP_NUM_THREADS"),
             "enforce_eager": s.enforce_eager,
             "prefix_caching": False,
+            # Nothing measures vLLM's kernels for batch invariance, so `compare` reports how
+            # often outputs agree across policies rather than expecting them equal.
+            "batching": {
+                "mode": "vllm",
+                "exact": False,
+                "reason": "vLLM's kernels are not measured for batch invariance",
+            },
         }
 
     def close(self) -> None:

@@ -34,6 +34,12 @@ from edgeprefill.runtime.core.budget import BackgroundCap, BudgetPolicy
 from edgeprefill.runtime.core.plan import IterationTiming, Plan, SchedState
 from edgeprefill.runtime.policies import parse_policy
 
+if not hasattr(Scheduler, "_reserve_prefill_lookahead"):  # private API: checked at import
+    raise ImportError(
+        "this vLLM has no Scheduler._reserve_prefill_lookahead, where edgeprefill applies "
+        "the prefill budget; install vLLM 0.32"
+    )
+
 
 def _left(req: Any, num_computed: int | None = None) -> int:
     computed = req.num_computed_tokens if num_computed is None else num_computed

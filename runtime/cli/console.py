@@ -37,8 +37,15 @@ def format_summary(s: dict[str, Any]) -> str:
     if batching is not None:  # the reason is longer than a table cell
         exact = "bit-identical shapes" if batching["exact"] else "outputs may depend on batching"
         lines.append(f"Batching: {batching['mode']} ({exact}); {batching['reason']}")
-        probe = s["backend"]["probe"]
-        lines.append(f"Device probe: {probe['source']} ({probe['path']})")
+        probe = s["backend"].get("probe")
+        if probe is not None:
+            lines.append(f"Device probe: {probe['source']} ({probe['path']})")
+    if "clock" in s["backend"]:  # vLLM: what timed each completed step
+        b = s["backend"]
+        lines.append(
+            f"vLLM {b['vllm_version']} on {b['device']}: {b['dtype']}, steps timed by "
+            f"{b['clock']}, {'async' if b['async_scheduling'] else 'sync'} scheduling"
+        )
     for cls in CLASSES:
         c = s[cls]
         lines.append(f"{' ' + cls + ' ':-^{WIDTH}}")

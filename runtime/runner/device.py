@@ -108,6 +108,11 @@ def run_options(o: dict[str, Any], progress: bool | None = None) -> Any:
     from edgeprefill.thermal.guard import ThermalSettings
     from edgeprefill.thermal.telemetry import TelemetryConfig
 
+    if o["backend"] == "vllm" and (o["max_background"], o["foreground_kv"]) != (None, None):
+        raise UserError(
+            "--max-background/--foreground-kv apply to the llama.cpp backend; vLLM admits "
+            "requests by its own KV-cache accounting: drop them"
+        )
     if o["thermal_aware"] and (not o["telemetry"] or o["backend"] == "sim"):
         raise UserError(
             "--thermal-aware needs telemetry from a real device: drop --no-telemetry, and "
