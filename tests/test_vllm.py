@@ -216,3 +216,34 @@ def test_one_workload_and_seed_give_byte_identical_arrivals_on_every_backend(
         traces[name] = (out / "arrivals.jsonl").read_bytes()
     assert traces["vllm"] == traces["llamacpp"] == traces["sim"]
     assert traces["vllm"].count(b"\n") == 9
+
+
+def test_a_chat_arriving_while_documents_prefill_goes_first_in_the_next_step(vllm_backend):
+    """vLLM schedules running requests first whatever their priority; the runtime serves
+    foreground prompts first on both backends, so the chat does not wait for documents."""
+    tok = vllm_backend.tokenizer
+    engine = vllm_backend.engine(parse_policy("unlimited"))
+    text = tok.encode(
+        "the house of the river by the garden in summer " * 300, add_bos=True, special=True
+    )
+    docs = [
+        Request(f"doc{i}", "background", 0.0, text[:1000], 3, ignore_eos=True) for i in range(3)
+    ]
+    for d in docs:
+        engine.add(d)
+    engine.advance()  # the documents start their prompts (1024 tokens a step)
+    chat = Request(
+        "chat",
+        "foreground",
+        0.0,
+        tok.encode("the garden " * 200, add_bos=True, special=True)[:200],
+        4,
+        ignore_eos=True,
+    )
+    engine.add(chat)
+    (it,) = engine.advance().iterations
+    assert it.plan.prefill["chat"] == 200
+    assert it.plan.n_prefill == 1024 - it.plan.n_decode  # documents got what was left
+    while engine.has_work:
+        engine.advance()
+    assert len(chat.output) == 4 and all(len(d.output) == d.max_tokens for d in docs)

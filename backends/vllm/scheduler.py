@@ -102,6 +102,9 @@ class BudgetMixin:
             self.ep_guard.update()
             bg_cap = self.ep_guard.background_cap(budget, self.max_num_scheduled_tokens)  # type: ignore[attr-defined]
         self._ep_left, self._ep_bg_left = budget, bg_cap
+        held = self._ep_foreground_first(budget)
+        if held is not None:
+            self._ep_bg_left = held if bg_cap is None else min(bg_cap, held)
         try:
             out = super().schedule(*args, **kwargs)  # type: ignore[misc]
         finally:
@@ -109,6 +112,20 @@ class BudgetMixin:
         if out.total_num_scheduled_tokens > 0:
             self.ep_ledger.add(self._ep_record(out, t_start, budget, bg_cap))
         return out
+
+    def _ep_foreground_first(self, budget: int | None) -> int | None:
+        """The most background prompt tokens this step while foreground prompt work waits:
+        what the budget (or the step's room) leaves after it. vLLM schedules running
+        requests before waiting ones whatever their priority, so without this a chat that
+        arrives while documents are being read would wait for their whole prompts; the
+        llama.cpp scheduler serves foreground prompts first, and so does this one."""
+        requests = [*self.running, *self.waiting]  # type: ignore[attr-defined]
+        pending = sum(_left(r) for r in requests if class_of(r.priority) == "foreground")
+        if pending == 0:
+            return None
+        n_decode = sum(_left(r) == 0 for r in self.running)  # type: ignore[attr-defined]
+        total = self.max_num_scheduled_tokens - n_decode if budget is None else budget  # type: ignore[attr-defined]
+        return max(total - pending, 0)
 
     def _reserve_prefill_lookahead(self, request: Any, num_computed: int, num_new: int) -> int:
         n = super()._reserve_prefill_lookahead(request, num_computed, num_new)  # type: ignore[misc]
