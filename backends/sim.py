@@ -10,6 +10,7 @@ Every result it produces is labelled simulated.
 from __future__ import annotations
 
 import re
+import threading
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -91,7 +92,7 @@ class SimBackend(Backend):
         self.noise = noise
         self._rng = np.random.default_rng(seed)
 
-    def execute(self, work: Sequence[SeqWork]) -> StepResult:
+    def execute(self, work: Sequence[SeqWork], abort: threading.Event | None = None) -> StepResult:
         n_decode = sum(w.is_decode for w in work)
         duration = self.cost.predict(
             n_decode,

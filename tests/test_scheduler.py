@@ -231,3 +231,15 @@ def test_with_a_quantum_the_last_tokens_go_whole_when_no_valid_cut_exists():
     sched.add(req)
     assert [dict(run_plan(sched, 8)[0].prefill)["a"] for _ in range(2)] == [8, 8]
     assert dict(run_plan(sched, 8)[0].prefill) == {"a": 14}
+
+
+def test_with_no_budget_no_background_prompt_rides_beside_a_chat_prompt():
+    sched, _ = make_scheduler()
+    doc = make_request("doc", "background", prompt_len=1000)
+    sched.add(doc)
+    run_plan(sched, 100)
+    sched.add(make_request("chat", "foreground", prompt_len=40))
+    plan, _, _ = run_plan(sched, None)
+    assert plan.prefill == {"chat": 40}  # its first token waits for nothing else
+    plan, _, _ = run_plan(sched, None)
+    assert plan.decode == ("chat",) and plan.prefill == {"doc": 511}  # then the rest

@@ -7,6 +7,7 @@ completed forward pass (not the host's cadence, which is what made DLFP fail on 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack, closing
@@ -151,7 +152,9 @@ class LlamaCppBackend(Backend):
         )
         self.tokenizer = LlamaTokenizer(self.model)
 
-    def execute(self, work: Sequence[SeqWork]) -> StepResult:
+    supports_abort = True
+
+    def execute(self, work: Sequence[SeqWork], abort: threading.Event | None = None) -> StepResult:
         """One batch, decoded as groups: the decode tokens (in exact batching at most the
         probe's largest bit-identical group to a pass), then one group per prompt chunk.
 
@@ -169,27 +172,45 @@ class LlamaCppBackend(Backend):
         sampled: dict[int, int] = {}
         duration = 0.0
         start = 0
-        for group in groups:
-            n = sum(len(w.tokens) for w in group)
-            t0 = time.perf_counter()
-            rc = self.ctx.decode(self.batch.view(start, n))
-            duration += time.perf_counter() - t0
-            if rc != 0:
-                what = {1: "no KV slot for the batch", 2: "aborted"}.get(rc, "error")
-                raise BackendError(f"llama_decode returned {rc} ({what})")
-            index = 0  # logits are indexed within the group just decoded
-            for w in group:
-                index += len(w.tokens)
-                if w.sample is None:
-                    continue
-                if w.sample.greedy:
-                    sampled[w.seq_id] = self.ctx.argmax(index - 1)
-                else:
-                    sampled[w.seq_id] = self._sampler(w.seq_id, w.sample).sample(
-                        self.ctx, index - 1
-                    )
-            start += n
+        if abort is not None:
+            self.ctx.arm_abort(abort)
+        try:
+            for group in groups:
+                n = sum(len(w.tokens) for w in group)
+                t0 = time.perf_counter()
+                rc = self.ctx.decode(self.batch.view(start, n))
+                duration += time.perf_counter() - t0
+                if rc == 2 and abort is not None:
+                    return StepResult(duration, sampled, self._kept(chunks))
+                self._check(rc)
+                self._sample(group, sampled)
+                start += n
+        finally:
+            if abort is not None:
+                self.ctx.arm_abort(None)
         return StepResult(duration_s=duration, sampled=sampled)
+
+    def _kept(self, chunks: list[SeqWork]) -> dict[int, int]:
+        """Prompt tokens of each chunk in the KV cache after an abort: llama.cpp keeps the
+        micro-batches that finished and removes the cells of the one it stopped in."""
+        return {w.seq_id: max(self.ctx.seq_pos_max(w.seq_id) + 1 - w.pos, 0) for w in chunks}
+
+    @staticmethod
+    def _check(rc: int) -> None:
+        if rc != 0:
+            what = {1: "no KV slot for the batch", 2: "aborted"}.get(rc, "error")
+            raise BackendError(f"llama_decode returned {rc} ({what})")
+
+    def _sample(self, group: list[SeqWork], sampled: dict[int, int]) -> None:
+        index = 0  # logits are indexed within the group just decoded
+        for w in group:
+            index += len(w.tokens)
+            if w.sample is None:
+                continue
+            if w.sample.greedy:
+                sampled[w.seq_id] = self.ctx.argmax(index - 1)
+            else:
+                sampled[w.seq_id] = self._sampler(w.seq_id, w.sample).sample(self.ctx, index - 1)
 
     def _sampler(self, seq_id: int, params: SamplingParams) -> LlamaSampler:
         """The sequence's sampler, created at its first token (it keeps the RNG state)."""

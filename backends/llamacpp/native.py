@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -134,6 +135,18 @@ class LlamaContext:
     def decode(self, batch: lc.llama_batch) -> int:
         """0 ok, 1 no KV slot, 2 aborted, < 0 error (llama.h)."""
         return lc.llama_decode(self.ptr, batch)
+
+    def arm_abort(self, flag: threading.Event | None) -> None:
+        """While armed, llama.cpp's CPU backend asks after every graph node whether to stop;
+        the answer is the flag, read and nothing else (the callback holds the GIL for that
+        moment, so it is armed only for iterations that may be aborted). An aborted
+        `llama_decode` returns 2 and keeps the micro-batches that finished."""
+        if flag is None:
+            lc.llama_set_abort_callback(self.ptr, lc.ggml_abort_callback(), None)
+            self._abort_cb = None
+            return
+        self._abort_cb = lc.ggml_abort_callback(lambda _data: flag.is_set())
+        lc.llama_set_abort_callback(self.ptr, self._abort_cb, None)
 
     def logits(self, batch_index: int) -> np.ndarray:
         """A copy of the logits row computed for a batch index of the last decode."""

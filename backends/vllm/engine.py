@@ -68,6 +68,11 @@ class VllmEngine:
     def has_running(self) -> bool:
         return bool(self.scheduler.running)
 
+    can_preempt = False  # vLLM runs a step to its end
+
+    def preempt(self) -> None:
+        """Nothing to stop: a vLLM step is not aborted part-way."""
+
     def add(self, req: Request) -> bool:
         params = self._sampling_params(
             n=1,

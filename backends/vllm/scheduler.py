@@ -119,13 +119,24 @@ class BudgetMixin:
         requests before waiting ones whatever their priority, so without this a chat that
         arrives while documents are being read would wait for their whole prompts; the
         llama.cpp scheduler serves foreground prompts first, and so does this one."""
-        requests = [*self.running, *self.waiting]  # type: ignore[attr-defined]
-        pending = sum(_left(r) for r in requests if class_of(r.priority) == "foreground")
+        running = [r for r in self.running if class_of(r.priority) == "foreground"]  # type: ignore[attr-defined]
+        waiting = [r for r in self.waiting if class_of(r.priority) == "foreground"]  # type: ignore[attr-defined]
+        pending = sum(_left(r) for r in running)
+        if waiting and self._ep_can_admit(min(waiting, key=lambda r: r.arrival_time)):
+            pending += sum(_left(r) for r in waiting)
         if pending == 0:
             return None
-        n_decode = sum(_left(r) == 0 for r in self.running)  # type: ignore[attr-defined]
-        total = self.max_num_scheduled_tokens - n_decode if budget is None else budget  # type: ignore[attr-defined]
-        return max(total - pending, 0)
+        # With no budget, no background prompt work rides beside a chat's prompt (as on
+        # llama.cpp); with one, background gets what the foreground leaves of it.
+        return 0 if budget is None else max(budget - pending, 0)
+
+    def _ep_can_admit(self, request: Any) -> bool:
+        """Whether a waiting request has a sequence slot and KV blocks now: holding
+        background work back for one that cannot be admitted would stall both."""
+        if len(self.running) >= self.max_num_running_reqs:  # type: ignore[attr-defined]
+            return False
+        pool = self.kv_cache_manager.block_pool  # type: ignore[attr-defined]
+        return pool.get_num_free_blocks() * self.block_size > _left(request)  # type: ignore[attr-defined]
 
     def _reserve_prefill_lookahead(self, request: Any, num_computed: int, num_new: int) -> int:
         n = super()._reserve_prefill_lookahead(request, num_computed, num_new)  # type: ignore[misc]

@@ -90,6 +90,8 @@ class Runtime:
         )
         handle = RequestHandle(req, self.backend.tokenizer.piece, lambda: self._cancel(req))
         self._commands.put(("add", handle))
+        if cls == "foreground":  # a document being read must not delay a chat's first token
+            self.engine.preempt()
         return handle
 
     def chat(

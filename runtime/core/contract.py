@@ -8,6 +8,7 @@ cache, batch buffers, samplers) and runs exactly the batch it is given.
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -117,6 +118,13 @@ def plain_transcript(messages: list[dict[str, str]]) -> str:
 class StepResult:
     duration_s: float  # the completed forward pass, measured where the work finishes
     sampled: dict[int, int]  # sequence id -> sampled token, for work that asked for one
+    # Set when the iteration was aborted part-way (preempted for a foreground arrival):
+    # sequence id -> prompt tokens of its slice that were computed and kept in the KV cache.
+    kept: dict[int, int] | None = None
+
+    @property
+    def preempted(self) -> bool:
+        return self.kept is not None
 
 
 class BackendError(RuntimeError):
@@ -131,9 +139,14 @@ class Backend(ABC):
     # then stamp every time with that clock instead of the wall clock.
     clock: Any = None
 
+    # Whether `execute` can stop part-way when its `abort` flag is set.
+    supports_abort: bool = False
+
     @abstractmethod
-    def execute(self, work: Sequence[SeqWork]) -> StepResult:
-        """Run one iteration holding every slice of `work` in one forward pass."""
+    def execute(self, work: Sequence[SeqWork], abort: threading.Event | None = None) -> StepResult:
+        """Run one iteration holding every slice of `work` in one forward pass. With an
+        `abort` flag (only ever for prompt work), a backend that `supports_abort` stops
+        soon after it is set and reports in `StepResult.kept` what it kept."""
 
     @abstractmethod
     def release(self, seq_id: int) -> None:

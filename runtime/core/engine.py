@@ -6,12 +6,19 @@ policy, `add()`s requests as they come, and calls `step()` in its own loop.
 
 from __future__ import annotations
 
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from edgeprefill.runtime.core.budget import BackgroundCap, BudgetPolicy
-from edgeprefill.runtime.core.contract import Backend, BackendError, timing_of
+from edgeprefill.runtime.core.contract import (
+    Backend,
+    BackendError,
+    SeqWork,
+    StepResult,
+    timing_of,
+)
 from edgeprefill.runtime.core.plan import IterationTiming, Plan
 from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.request import Request
@@ -43,6 +50,9 @@ class Iteration:
     finished: list[Request] = field(default_factory=list)
     sampled: dict[str, int] = field(default_factory=dict)  # request id -> its new token
     error: str | None = None
+    # Aborted part-way for a foreground arrival: prompt tokens kept (those in `plan`) and
+    # lost, and the time from the arrival to the abort landing.
+    preempted: dict[str, Any] | None = None
 
     def record(self) -> dict[str, Any]:
         return {
@@ -61,6 +71,7 @@ class Iteration:
             "host_s": self.timing.host_s,
             "policy": self.policy_state,
             "error": self.error,
+            **({"preempted": self.preempted} if self.preempted else {}),
         }
 
 
@@ -91,6 +102,15 @@ class Driver(Protocol):
         ...
 
     def add(self, req: Request) -> bool: ...
+
+    @property
+    def can_preempt(self) -> bool:
+        """Whether `preempt` can stop an iteration in flight."""
+        ...
+
+    def preempt(self) -> None:
+        """A foreground request is arriving: stop background-only prompt work in flight."""
+        ...
 
     def advance(self) -> Advance | None:
         """Run one iteration; None when nothing could be scheduled."""
@@ -141,10 +161,24 @@ class Engine:
         )
         self.last: IterationTiming | None = None
         self._device_done: float | None = None  # when the last device call returned
+        # Set by `preempt` (any thread) when a foreground request arrives; an iteration
+        # holding only background prompt work stops soon after (on a backend that can).
+        self._abort = threading.Event()
+        self._abort_at: float | None = None
 
     def add(self, req: Request) -> bool:
         """Submit an arrived request; False if it failed at once (see `req.error`)."""
+        if req.cls == "foreground":
+            self._abort.clear()  # the next plan holds it: nothing left to stop for
         return self.scheduler.add(req)
+
+    def preempt(self) -> None:
+        """A foreground request is arriving (call from any thread, then `add` it): stop the
+        iteration in flight if it holds only background prompt work, keeping what it
+        finished. An iteration with decode tokens is never stopped. Arrivals trigger it,
+        not a timer: the replay calls it at a foreground request's arrival time."""
+        self._abort_at = self.clock.now()
+        self._abort.set()
 
     @property
     def has_work(self) -> bool:
@@ -168,15 +202,18 @@ class Engine:
             by_class[by_id[rid].cls] += n
         n_fg = sum(by_id[rid].cls == "foreground" for rid in plan.decode)
         work = self.scheduler.work(plan)
+        abortable = self.backend.supports_abort and not plan.decode and by_class["foreground"] == 0
         started = self.clock.now()
         host_s = None if self._device_done is None else started - self._device_done
         try:
-            result = self.backend.execute(work)
+            result = self.backend.execute(work, self._abort if abortable else None)
         except BackendError as e:
             self._device_done = None
             failed = self.scheduler.fail_plan(plan, str(e))
             timing = IterationTiming(self.clock.now() - t_start, 0, 0, 0, plan.budget)
             return Iteration(t_start, plan, timing, by_class, {}, failed, error=str(e))
+        if result.kept is not None:
+            return self._preempted(t_start, plan, work, result, host_s)
         timing = timing_of(
             work, result.duration_s, n_decode_foreground=n_fg, budget=plan.budget, host_s=host_s
         )
@@ -191,9 +228,46 @@ class Engine:
             state = {**state, "thermal": self.guard.snapshot()}
         return Iteration(t_start, plan, timing, by_class, state, finished, sampled)
 
+    def _preempted(
+        self,
+        t_start: float,
+        plan: Plan,
+        work: list[SeqWork],
+        result: StepResult,
+        host_s: float | None,
+    ) -> Iteration:
+        """An iteration aborted for a foreground arrival: keep what finished, as if the plan
+        had been that much (so tokens reconcile); the policy does not learn from it."""
+        landed = self.clock.now()
+        self._device_done = landed
+        self._abort.clear()
+        kept_by_seq = result.kept or {}
+        seq_to_id = {r.seq_id: r.id for r in self.scheduler.running}
+        kept = {seq_to_id[w.seq_id]: kept_by_seq.get(w.seq_id, 0) for w in work}
+        done = replace(plan, prefill={rid: n for rid, n in kept.items() if n > 0})
+        finished = self.scheduler.update(done, result.sampled, landed)
+        timing = timing_of(
+            [w for w in work if kept.get(seq_to_id[w.seq_id], 0)],
+            result.duration_s,
+            budget=plan.budget,
+            host_s=host_s,
+        )
+        record = {
+            "kept": done.n_prefill,
+            "lost": plan.n_prefill - done.n_prefill,
+            "abort_latency_s": None if self._abort_at is None else landed - self._abort_at,
+        }
+        kept_class = {"foreground": 0, "background": done.n_prefill}
+        sampled = {seq_to_id[s]: t for s, t in result.sampled.items()}
+        return Iteration(t_start, done, timing, kept_class, {}, finished, sampled, None, record)
+
     @property
     def has_running(self) -> bool:
         return bool(self.scheduler.running)
+
+    @property
+    def can_preempt(self) -> bool:
+        return self.backend.supports_abort
 
     def advance(self) -> Advance | None:
         it = self.step()

@@ -2,9 +2,11 @@
 
 There is no prefill phase and no decode phase: each iteration every running decode gets its
 one token (decode first, so a chat never stalls behind a document), then prompt chunks fill
-what the budget allows, foreground prompts before background ones. A foreground prompt that
-arrives while a document is being read is served from the next iteration on: background work
-is preempted at chunk boundaries, never dropped.
+what the budget allows, foreground prompts before background ones; with no budget (the
+policy set no cap), an iteration that holds a foreground prompt holds no background prompt
+work. A foreground prompt that arrives while a document is being read is served from the
+next iteration on (and on llama.cpp the document's iteration in flight is stopped at its
+next graph node): background work is preempted, never dropped.
 
 Admission is check-then-act on two resources the backend reports: sequence slots and KV
 cells. A request reserves every cell it can ever use when admitted, so a running request
@@ -131,8 +133,13 @@ class Scheduler:
         left = budget_cap = room if budget is None else max(0, min(budget, room))
         bg_left = bg_cap = left if background_cap is None else min(background_cap, left)
         prefill: dict[str, int] = {}
+        by_fg = False  # a foreground prompt chunk is planned
         for req in self._prefill_order():
             if left == 0:
+                break
+            if req.cls == "background" and budget is None and by_fg:
+                # A chat's prompt is in this iteration and no policy sized the rest: its
+                # first token waits for every background token beside it, so none ride.
                 break
             if req.cls == "background":
                 avail, full = min(left, bg_left), left == budget_cap and bg_left == bg_cap
@@ -144,6 +151,7 @@ class Scheduler:
             if req.status is Status.WAITING:
                 self._admit(req)
             prefill[req.id] = n
+            by_fg = by_fg or req.cls == "foreground"
             left -= n
             if req.cls == "background":
                 bg_left -= n

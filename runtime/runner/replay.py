@@ -13,11 +13,12 @@ import bisect
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 from edgeprefill.runtime.core.engine import Driver, Iteration
 from edgeprefill.runtime.core.request import Request
+from edgeprefill.runtime.runner.alarm import ArrivalAlarm
 from edgeprefill.runtime.runner.results import RunWriter
 
 IDLE_POLL_S = 0.05
@@ -75,7 +76,8 @@ def run_requests(
             bisect.insort(pending, nxt, key=lambda r: r.arrival_s)
 
     interrupted = False
-    with _graceful_interrupt() as stop:
+    alarm = ArrivalAlarm(clock.now, engine.preempt) if engine.can_preempt else None
+    with _graceful_interrupt() as stop, alarm or nullcontext():
         try:
             while pending or engine.has_work:
                 if stop.requested:
@@ -87,6 +89,9 @@ def run_requests(
                     if not engine.add(req):
                         ended(req)
                         on_iteration(None)
+                if alarm is not None:  # a chat arriving mid-iteration stops document work
+                    fg = next((r.arrival_s for r in pending if r.cls == "foreground"), None)
+                    alarm.set(fg)
                 step = engine.advance() if engine.has_work else None
                 if step is None:
                     if engine.has_work and not engine.has_running:

@@ -12,6 +12,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+import numpy as np
+
 from edgeprefill.runtime.analysis.metrics import class_summary, completed
 from edgeprefill.runtime.core.engine import Iteration
 from edgeprefill.runtime.core.errors import UserError
@@ -33,6 +35,7 @@ class RunWriter:
         self.prefill_tokens = 0  # in iterations that completed
         self.decode_tokens = 0
         self.spans: list[IterationSpan] = []  # when each iteration ran, for energy per class
+        self.preemptions: list[dict[str, Any]] = []
 
     def request(self, req: Request) -> None:
         rec = req.record()
@@ -49,6 +52,8 @@ class RunWriter:
             bg = it.plan.n_decode + it.plan.n_prefill - fg
             end = it.t_start_s + it.timing.duration_s
             self.spans.append(IterationSpan(it.t_start_s, end, fg, bg))
+        if it.preempted:
+            self.preemptions.append(it.preempted)
         self._iterations.write(json.dumps(it.record()) + "\n")
 
     def summary(
@@ -86,7 +91,21 @@ class RunWriter:
             "makespan_s": makespan,
             "iterations": self.n_iterations,
             "accounting": accounting,
+            "preemption": self._preemption(),
             **{c: class_summary([r for r in recs if r["class"] == c], duration_s) for c in CLASSES},
+        }
+
+    def _preemption(self) -> dict[str, Any]:
+        """Background iterations stopped for a foreground arrival: how many, prompt tokens
+        kept and lost (planned but not kept: the stopped micro-batch's, partly computed,
+        and any not started), and how long from the arrival to the abort landing."""
+        latencies = [p["abort_latency_s"] for p in self.preemptions if p["abort_latency_s"]]
+        return {
+            "count": len(self.preemptions),
+            "prompt_tokens_kept": sum(p["kept"] for p in self.preemptions),
+            "prompt_tokens_lost": sum(p["lost"] for p in self.preemptions),
+            "median_abort_latency_ms": float(np.median(latencies)) * 1e3 if latencies else None,
+            "max_abort_latency_ms": max(latencies) * 1e3 if latencies else None,
         }
 
     def write_summary(self, summary: dict[str, Any]) -> None:
