@@ -55,9 +55,8 @@ class VllmBackend:
     def __init__(self, settings: VllmSettings) -> None:
         # vLLM logs pages at INFO, some before its logging is set up; the run prints its own
         # summary. VLLM_LOGGING_LEVEL set by the user wins.
-        if "VLLM_LOGGING_LEVEL" not in os.environ:
-            os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"
-            logging.getLogger("vllm").setLevel(logging.ERROR)
+        level = os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        logging.getLogger("vllm").setLevel(level.upper())
         self.version = require_vllm()
         if not (settings.model / "config.json").is_file():
             raise UserError(
