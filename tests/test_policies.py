@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -14,7 +16,7 @@ from edgeprefill.runtime.core.plan import IterationTiming, SchedState
 from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.request import Request
 from edgeprefill.runtime.policies import parse_policy
-from edgeprefill.runtime.policies.cadence import CadencePolicy
+from edgeprefill.runtime.policies.cadence import MAX_STARVED, CadencePolicy
 from edgeprefill.runtime.policies.dlfp import DLFPPolicy
 from edgeprefill.runtime.policies.ppas import PPASPolicy
 from tests.conftest import drain
@@ -211,3 +213,21 @@ def test_cadence_prices_the_end_of_a_prompt():
     ]
     assert len(ends) >= 4  # documents finished while the chat was decoding
     assert max(it.timing.duration_s for it in ends) <= 0.150
+
+
+def test_cadence_defers_document_decodes_and_prompt_work_when_the_chat_target_is_at_risk():
+    p = CadencePolicy(itl_ms=120, min_tokens=8)
+    # As on a small model: a sampled row costs more than a pass over the weights.
+    p.calibrate(profile(CostModel(0.010, 0.030, 0.003, 0.001)))
+    # Two chats and two summaries decoding: 166 ms predicted with them, 81 without.
+    busy = SchedState(2, 0, 4, 2, 512, decode_ctx=2000, decode_ctx_foreground=1000)
+    assert p.defer_background_decodes(busy)
+    assert p.budget(busy.without_background_decodes()) > 0  # the chats alone leave room
+    calm = SchedState(2, 0, 2, 1, 512, decode_ctx=1000, decode_ctx_foreground=500)
+    assert not p.defer_background_decodes(calm)
+    assert not p.defer_background_decodes(replace(busy, n_decode_foreground=0))
+    # Even the chats' decodes alone over the target: no prompt work, for at most
+    # MAX_STARVED iterations in a row, then the floor so documents still progress.
+    over = SchedState(1, 0, 6, 6, 512, decode_ctx=3000, decode_ctx_foreground=3000)
+    budgets = [p.budget(over) for _ in range(MAX_STARVED + 2)]
+    assert budgets[:MAX_STARVED] == [0] * MAX_STARVED and budgets[MAX_STARVED] == 8

@@ -4,7 +4,7 @@ background preempted at chunk boundaries, admission never over-commits the devic
 from __future__ import annotations
 
 from edgeprefill.runtime.core.request import Status
-from edgeprefill.runtime.core.scheduler import BackgroundLimits
+from edgeprefill.runtime.core.scheduler import MAX_DEFERRED, BackgroundLimits
 from tests.helpers import EOG, make_request, make_scheduler, run_plan
 
 
@@ -243,3 +243,14 @@ def test_with_no_budget_no_background_prompt_rides_beside_a_chat_prompt():
     assert plan.prefill == {"chat": 40}  # its first token waits for nothing else
     plan, _, _ = run_plan(sched, None)
     assert plan.decode == ("chat",) and plan.prefill == {"doc": 511}  # then the rest
+
+
+def test_background_decodes_are_deferred_on_request_but_never_too_long():
+    sched, _ = make_scheduler()
+    sched.add(make_request("chat", "foreground", max_tokens=50))
+    sched.add(make_request("doc", "background", max_tokens=50))
+    run_plan(sched, 100)  # both prompts: both decode from now on
+    plans = [sched.plan(0, defer_background_decodes=True) for _ in range(MAX_DEFERRED + 1)]
+    for plan in plans[:MAX_DEFERRED]:
+        assert plan.decode == ("chat",) and plan.deferred == ("doc",)
+    assert set(plans[-1].decode) == {"chat", "doc"} and plans[-1].deferred == ()

@@ -14,6 +14,7 @@ from edgeprefill.backends.vllm.backend import VllmBackend, VllmSettings  # noqa:
 from edgeprefill.runtime.core.budget import BudgetPolicy  # noqa: E402
 from edgeprefill.runtime.core.plan import IterationTiming  # noqa: E402
 from edgeprefill.runtime.core.request import Request  # noqa: E402
+from edgeprefill.runtime.core.scheduler import MAX_DEFERRED  # noqa: E402
 from edgeprefill.runtime.policies import parse_policy  # noqa: E402
 from edgeprefill.runtime.runner.calibration import probe_device  # noqa: E402
 from edgeprefill.runtime.runner.session import RunOptions, run_workload  # noqa: E402
@@ -119,8 +120,14 @@ def test_prompt_tokens_stay_under_the_cap_and_every_decode_runs_every_step(
     engine = vllm_backend.engine(policy)
     steps = drain(engine, requests(vllm_backend.tokenizer))
     capped = 0
+    deferred_run = 0
     for decoding, it in steps:
-        assert set(it.plan.decode) == decoding, "a running decode was left out of a step"
+        # Every running decode is in every step, but for background ones the policy may
+        # defer (cadence, when a chat's target is at risk), never long.
+        assert set(it.plan.decode) | set(it.plan.deferred) == decoding
+        assert all(rid.startswith("doc") for rid in it.plan.deferred)
+        deferred_run = deferred_run + 1 if it.plan.deferred else 0
+        assert deferred_run <= MAX_DEFERRED
         if it.plan.decode and it.plan.budget is not None:
             assert it.plan.n_prefill <= it.plan.budget
             capped += it.plan.n_prefill > 0
@@ -247,3 +254,40 @@ def test_a_chat_arriving_while_documents_prefill_goes_first_in_the_next_step(vll
     while engine.has_work:
         engine.advance()
     assert len(chat.output) == 4 and all(len(d.output) == d.max_tokens for d in docs)
+
+
+class AlwaysDefer(Recording):
+    name = "always-defer"
+
+    def defer_background_decodes(self, state):
+        return True
+
+
+def test_background_decodes_deferred_inside_vllm_never_longer_than_allowed(vllm_backend):
+    tok = vllm_backend.tokenizer
+    doc = Request(
+        "doc",
+        "background",
+        0.0,
+        tok.encode("the river " * 40, add_bos=True, special=True)[:60],
+        30,
+        ignore_eos=True,
+    )
+    chat = Request(
+        "chat",
+        "foreground",
+        0.0,
+        tok.encode("a house " * 40, add_bos=True, special=True)[:50],
+        30,
+        ignore_eos=True,
+    )
+    steps = drain(vllm_backend.engine(AlwaysDefer(256)), [doc, chat])
+    runs, run = [], 0
+    for decoding, it in steps:
+        if "chat" in decoding:
+            assert "chat" in it.plan.decode  # a chat's decode is never deferred
+        if "doc" in decoding and "chat" in decoding:
+            run = run + 1 if "doc" in it.plan.deferred else 0
+            runs.append(run)
+    assert max(runs) == MAX_DEFERRED and 0 in runs[MAX_DEFERRED:]  # deferred, then ran
+    assert len(doc.output) == 30 and len(chat.output) == 30

@@ -153,6 +153,7 @@ class VllmEngine:
             plan,
             decode=tuple(ext.get(r, r) for r in plan.decode),
             prefill={ext.get(r, r): n for r, n in plan.prefill.items()},
+            deferred=tuple(ext.get(r, r) for r in plan.deferred),
         )
 
     def cancel(self, req: Request) -> bool:

@@ -32,6 +32,7 @@ from edgeprefill.backends.vllm.steps import (
 )
 from edgeprefill.runtime.core.budget import BackgroundCap, BudgetPolicy
 from edgeprefill.runtime.core.plan import IterationTiming, Plan, SchedState
+from edgeprefill.runtime.core.scheduler import MAX_DEFERRED
 from edgeprefill.runtime.policies import parse_policy
 
 if not hasattr(Scheduler, "_reserve_prefill_lookahead"):  # private API: checked at import
@@ -74,6 +75,8 @@ class BudgetMixin:
         self.ep_last: IterationTiming | None = None
         self._ep_left: int | None = None
         self._ep_bg_left: int | None = None
+        self._ep_defer: tuple[str, ...] = ()  # background decodes this step leaves out
+        self._ep_deferred_run = 0
 
     # --- before the step --------------------------------------------------------------
     def _ep_state(self) -> SchedState:
@@ -92,11 +95,18 @@ class BudgetMixin:
             decode_ctx=sum(r.num_computed_tokens + 1 for r in decodes),
             next_prefill_pos=head.num_computed_tokens if head is not None else 0,
             next_prefill_left=_left(head) if head is not None else 0,
+            decode_ctx_foreground=sum(
+                r.num_computed_tokens + 1 for r in decodes if class_of(r.priority) == "foreground"
+            ),
         )
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         t_start = self.ep_clock()
-        budget = self.ep_policy.budget(self._ep_state())
+        state = self._ep_state()
+        self._ep_defer = self._ep_deferred(state)
+        budget = self.ep_policy.budget(
+            state.without_background_decodes() if self._ep_defer else state
+        )
         bg_cap = None
         if self.ep_guard is not None:
             self.ep_guard.update()
@@ -112,6 +122,24 @@ class BudgetMixin:
         if out.total_num_scheduled_tokens > 0:
             self.ep_ledger.add(self._ep_record(out, t_start, budget, bg_cap))
         return out
+
+    def _ep_deferred(self, state: SchedState) -> tuple[str, ...]:
+        """The background decodes to leave out of this step, if the policy asks (never
+        more than MAX_DEFERRED steps in a row, as on llama.cpp)."""
+        ask = (  # only ever for a chat's sake, as on llama.cpp
+            state.n_decode_foreground > 0
+            and state.n_decode_background > 0
+            and self.ep_policy.defer_background_decodes(state)
+        )
+        if not ask or self._ep_deferred_run >= MAX_DEFERRED:
+            self._ep_deferred_run = 0
+            return ()
+        self._ep_deferred_run += 1
+        return tuple(
+            r.request_id
+            for r in self.running  # type: ignore[attr-defined]
+            if _left(r) == 0 and class_of(r.priority) == "background"
+        )
 
     def _ep_foreground_first(self, budget: int | None) -> int | None:
         """The most background prompt tokens this step while foreground prompt work waits:
@@ -141,8 +169,10 @@ class BudgetMixin:
     def _reserve_prefill_lookahead(self, request: Any, num_computed: int, num_new: int) -> int:
         n = super()._reserve_prefill_lookahead(request, num_computed, num_new)  # type: ignore[misc]
         prompt = min(n, _left(request, num_computed))
-        if prompt == 0 or self._ep_left is None and self._ep_bg_left is None:
-            return n  # a decode (never capped), or no cap this step
+        if prompt == 0:  # a decode: never capped, but a background one may be deferred
+            return 0 if request.request_id in self._ep_defer else n
+        if self._ep_left is None and self._ep_bg_left is None:
+            return n  # no cap this step
         background = class_of(request.priority) == "background"
         allowed = prompt if self._ep_left is None else min(prompt, self._ep_left)
         if background and self._ep_bg_left is not None:
@@ -176,7 +206,8 @@ class BudgetMixin:
             prefill[rid] = prompt
             by_class[cls] += prompt
             n_sampled += before + n >= req.num_tokens  # the chunk ends the prompt: samples
-        plan = Plan(budget, tuple(decode), prefill, bg_cap)
+        deferred = tuple(r for r in self._ep_defer if r not in out.num_scheduled_tokens)
+        plan = Plan(budget, tuple(decode), prefill, bg_cap, deferred)
         return StepRecord(
             self.ep_ledger.next_step, t_start, plan, classes, ctx_work, n_sampled, by_class
         )

@@ -34,6 +34,13 @@ class BudgetPolicy(ABC):
     @abstractmethod
     def budget(self, state: SchedState) -> int | None: ...
 
+    def defer_background_decodes(self, state: SchedState) -> bool:
+        """Whether this iteration should leave the background's decodes out (a summary's
+        token costs as much as a chat's, and can push a chat's token over its target).
+        Asked only while a foreground decode is running, before `budget`, which then sees
+        the state without them. The scheduler bounds how long one can be deferred."""
+        return False
+
     def observe(self, timing: IterationTiming) -> None:
         """Learn from a completed iteration; stateless policies ignore it."""
 

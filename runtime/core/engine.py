@@ -62,6 +62,7 @@ class Iteration:
             "background_cap": self.plan.background_cap,
             "n_decode": self.plan.n_decode,
             "n_decode_foreground": self.timing.n_decode_foreground,
+            "n_decode_deferred": len(self.plan.deferred),
             "n_prefill": self.plan.n_prefill,
             "n_prefill_foreground": self.prefill_by_class.get("foreground", 0),
             "n_prefill_background": self.prefill_by_class.get("background", 0),
@@ -187,12 +188,18 @@ class Engine:
     def step(self) -> Iteration | None:
         """Run one iteration; None when nothing could be scheduled."""
         t_start = self.clock.now()
-        budget = self.policy.budget(self.scheduler.state(self.last))
+        state = self.scheduler.state(self.last)
+        defer = (  # only ever for a chat's sake: never an iteration left empty by it
+            state.n_decode_foreground > 0
+            and state.n_decode_background > 0
+            and self.policy.defer_background_decodes(state)
+        )
+        budget = self.policy.budget(state.without_background_decodes() if defer else state)
         background_cap = None
         if self.guard is not None:
             self.guard.update()
             background_cap = self.guard.background_cap(budget, self.backend.capacity.n_batch)
-        plan = self.scheduler.plan(budget, background_cap)
+        plan = self.scheduler.plan(budget, background_cap, defer)
         if plan.empty:
             self._device_done = None  # idle until work arrives: not host overhead
             return None

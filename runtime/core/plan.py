@@ -6,7 +6,7 @@ scheduler decided, printable and testable, before any backend runs it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,17 @@ class SchedState:
     decode_ctx: int = 0  # KV cells the decodes will attend to, summed
     next_prefill_pos: int = 0  # where the next prompt chunk would start in its sequence
     next_prefill_left: int = 0  # prompt tokens that request has left (0: no prompt waits)
+    decode_ctx_foreground: int = 0  # the foreground decodes' share of decode_ctx
+
+    @property
+    def n_decode_background(self) -> int:
+        return self.n_decode - self.n_decode_foreground
+
+    def without_background_decodes(self) -> SchedState:
+        """The state as an iteration that defers the background's decodes will see it."""
+        return replace(
+            self, n_decode=self.n_decode_foreground, decode_ctx=self.decode_ctx_foreground
+        )
 
 
 @dataclass(frozen=True)
@@ -60,6 +71,7 @@ class Plan:
     decode: tuple[str, ...] = ()
     prefill: dict[str, int] = field(default_factory=dict)
     background_cap: int | None = None  # a further cap on background prompt tokens
+    deferred: tuple[str, ...] = ()  # background decodes left out of this iteration
 
     @property
     def n_decode(self) -> int:

@@ -52,6 +52,15 @@ class BackgroundLimits:
         return seqs, kv
 
 
+# The most iterations in a row a background decode may be left out of.
+MAX_DEFERRED = 8
+
+
+def _ctx(req: Request) -> int:
+    """KV cells a decode of `req` attends to."""
+    return req.prompt_len + req.decode_tokens_fed + 1
+
+
 class Scheduler:
     def __init__(
         self,
@@ -74,6 +83,7 @@ class Scheduler:
         self.waiting: dict[RequestClass, deque[Request]] = {c: deque() for c in CLASSES}
         self.running: list[Request] = []  # admission order
         self._free_seqs = list(range(capacity.n_seq_max))  # a heap: lowest id first
+        self._deferred_run = 0  # iterations in a row that deferred background decodes
         self.kv_free = capacity.n_ctx
 
     # --- requests in ----------------------------------------------------------------
@@ -119,16 +129,27 @@ class Scheduler:
             n_decode_foreground=sum(r.cls == "foreground" for r in decodes),
             n_batch=self.capacity.n_batch,
             last=last,
-            decode_ctx=sum(r.prompt_len + r.decode_tokens_fed + 1 for r in decodes),
+            decode_ctx=sum(_ctx(r) for r in decodes),
             next_prefill_pos=head.num_computed if head is not None else 0,
             next_prefill_left=head.remaining_prompt if head is not None else 0,
+            decode_ctx_foreground=sum(_ctx(r) for r in decodes if r.cls == "foreground"),
         )
 
-    def plan(self, budget: int | None, background_cap: int | None = None) -> Plan:
+    def plan(
+        self,
+        budget: int | None,
+        background_cap: int | None = None,
+        defer_background_decodes: bool = False,
+    ) -> Plan:
         """Decode tokens first, then prompt chunks up to `budget` (None: fill n_batch), of
         which background prompts get at most `background_cap`. Admits waiting requests
-        whose chunk is planned."""
-        decode = tuple(r.id for r in self.running if r.status is Status.DECODE)
+        whose chunk is planned. Background decodes may be deferred, but never more than
+        `MAX_DEFERRED` iterations in a row, so a document's summary always progresses."""
+        decoding = [r for r in self.running if r.status is Status.DECODE]
+        defer = defer_background_decodes and self._deferred_run < MAX_DEFERRED
+        deferred = tuple(r.id for r in decoding if defer and r.cls == "background")
+        self._deferred_run = self._deferred_run + 1 if deferred else 0
+        decode = tuple(r.id for r in decoding if r.id not in deferred)
         room = self.capacity.n_batch - len(decode)
         left = budget_cap = room if budget is None else max(0, min(budget, room))
         bg_left = bg_cap = left if background_cap is None else min(background_cap, left)
@@ -155,7 +176,7 @@ class Scheduler:
             left -= n
             if req.cls == "background":
                 bg_left -= n
-        return Plan(budget=budget, decode=decode, prefill=prefill, background_cap=background_cap)
+        return Plan(budget, decode, prefill, background_cap, deferred)
 
     def _chunk(self, remaining: int, left: int, full: bool, room: int) -> int:
         """The largest chunk within `left` that is a multiple of `chunk_quantum`, not

@@ -40,6 +40,9 @@ from edgeprefill.runtime.core.plan import IterationTiming, SchedState
 from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.policies.registry import POLICIES
 
+# The most iterations in a row the foreground's target may keep prompt work at 0 tokens.
+MAX_STARVED = 8
+
 
 @POLICIES.register("cadence")
 @dataclass
@@ -59,6 +62,7 @@ class CadencePolicy(BudgetPolicy):
     _last_budget: int | None = field(default=None, init=False, repr=False)
     _margin: float = field(default=0.0, init=False, repr=False)
     _host: deque[float] = field(default_factory=lambda: deque(maxlen=64), init=False, repr=False)
+    _at_risk: int = field(default=0, init=False, repr=False)  # zero budgets in a row
 
     def __post_init__(self) -> None:
         if self.itl_ms is not None and self.itl_ms <= 0:
@@ -79,16 +83,39 @@ class CadencePolicy(BudgetPolicy):
         self._model = profile.cost
         self._anchor = list(profile.timings)
 
+    def defer_background_decodes(self, state: SchedState) -> bool:
+        """Leave documents' decodes out while a chat decodes, when with them (and the
+        smallest prompt chunk) the iteration is predicted over the target: on a small model
+        every sampled row costs as much as a chat's own token."""
+        if state.n_decode_foreground == 0 or self._model is None or self.itl_ms is None:
+            return False
+        floor = self.min_tokens or 0
+        t = self._model.predict(
+            state.n_decode, floor, 1 if floor else 0, state.decode_ctx, n_sampled=state.n_decode
+        )
+        return t > self._target_s
+
+    @property
+    def _target_s(self) -> float:
+        return self._need(self.itl_ms, "itl_ms") / 1000 - self.margin_s - self.host_s
+
     def budget(self, state: SchedState) -> int | None:
         if state.n_decode_foreground == 0:
             self._last_budget = None
             return None
         model = self._need(self._model, "cost model (device calibration)")
-        target = self._need(self.itl_ms, "itl_ms") / 1000 - self.margin_s - self.host_s
+        target = self._target_s
         c = model.max_prefill(target, state.n_decode, state.decode_ctx, state.next_prefill_pos)
         if 0 < state.next_prefill_left <= c:
             c = self._past_prompt_end(model, target, state)
-        self._last_budget = max(c, self.min_tokens or 0)
+        # Predicted over the target even with no prompt work: give it none, but never for
+        # more than a few iterations in a row, so documents still progress.
+        self._at_risk = self._at_risk + 1 if c == 0 else 0
+        if 0 < self._at_risk <= MAX_STARVED:
+            self._last_budget = 0
+        else:
+            self._at_risk = 0
+            self._last_budget = max(c, self.min_tokens or 0)
         return self._last_budget
 
     def _past_prompt_end(self, model: CostModel, target: float, state: SchedState) -> int:
