@@ -291,3 +291,24 @@ def test_background_decodes_deferred_inside_vllm_never_longer_than_allowed(vllm_
             runs.append(run)
     assert max(runs) == MAX_DEFERRED and 0 in runs[MAX_DEFERRED:]  # deferred, then ran
     assert len(doc.output) == 30 and len(chat.output) == 30
+
+
+def test_the_async_scheduler_variant_caps_and_times_steps_too(tmp_path, monkeypatch):
+    """The GPU default is vLLM's AsyncScheduler; on the CPU build async scheduling is off,
+    so the variant is forced here: the same cap and one timing per step must hold."""
+    from edgeprefill.backends.vllm import backend as vb
+
+    monkeypatch.setitem(vb.SCHEDULERS, False, vb.SCHEDULERS[True])
+    folder = write_tiny_model(tmp_path / "model")
+    settings = VllmSettings(
+        folder, n_ctx=2048, n_batch=1024, dtype="float32", enforce_eager=True, kv_cache_gib=0.25
+    )
+    with VllmBackend(settings) as be:
+        assert be.describe()["scheduler"] == "EdgeprefillAsyncScheduler"
+        policy = Recording(40)
+        reqs = requests(be.tokenizer)
+        steps = drain(be.engine(policy), reqs)
+    assert len(policy.seen) == len(steps) > 0
+    for _, it in steps:
+        assert it.plan.n_prefill <= 40 or not it.plan.decode
+    assert all(len(r.output) == r.max_tokens for r in reqs)

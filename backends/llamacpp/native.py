@@ -23,6 +23,10 @@ from edgeprefill.runtime.core.request import SamplingParams
 _initialised = False
 _GGML_LOG_ERROR, _GGML_LOG_CONT = 4, 5  # ggml.h; llama-cpp-python's own table predates them
 _last_level = 0
+# What llama.cpp logs as errors when an abort we asked for lands (ggml status 1, decode 2);
+# not shown while the abort callback is armed.
+_ABORTED = ("failed with error 1", "compute status: 1", "failed to decode, ret = 2")
+_armed = False
 
 
 @lc.llama_log_callback
@@ -32,8 +36,9 @@ def _log_errors_only(level: int, text: bytes, user_data: ctypes.c_void_p) -> Non
     global _last_level
     if level != _GGML_LOG_CONT:
         _last_level = level
-    if _last_level >= _GGML_LOG_ERROR:
-        sys.stderr.write(text.decode(errors="replace"))
+    message = text.decode(errors="replace")
+    if _last_level >= _GGML_LOG_ERROR and not (_armed and any(a in message for a in _ABORTED)):
+        sys.stderr.write(message)
 
 
 def init_llama() -> None:
@@ -141,6 +146,8 @@ class LlamaContext:
         the answer is the flag, read and nothing else (the callback holds the GIL for that
         moment, so it is armed only for iterations that may be aborted). An aborted
         `llama_decode` returns 2 and keeps the micro-batches that finished."""
+        global _armed
+        _armed = flag is not None
         if flag is None:
             lc.llama_set_abort_callback(self.ptr, lc.ggml_abort_callback(), None)
             self._abort_cb = None

@@ -18,6 +18,7 @@ from edgeprefill.runtime.analysis.compare import (
     token_agreement,
 )
 from edgeprefill.runtime.core.contract import Backend
+from edgeprefill.runtime.core.engine import SchedulingBackend
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.runner.session import RunOptions, run_workload
@@ -32,7 +33,7 @@ def run_comparison(
     names: list[str],
     baselines: list[str],
     seeds: int,
-    make_backend: Callable[[], Backend],
+    make_backend: Callable[[], Backend | SchedulingBackend],
     profile: DeviceProfile | None,
     out: Path,
     *,
@@ -131,7 +132,7 @@ def run_sweep(
     names: list[str],
     baselines: list[str],
     seeds: int,
-    make_backend: Callable[[], Backend],
+    make_backend: Callable[[], Backend | SchedulingBackend],
     profile: DeviceProfile | None,
     out: Path,
     *,
