@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -231,3 +232,17 @@ def test_cadence_defers_document_decodes_and_prompt_work_when_the_chat_target_is
     over = SchedState(1, 0, 6, 6, 512, decode_ctx=3000, decode_ctx_foreground=3000)
     budgets = [p.budget(over) for _ in range(MAX_STARVED + 2)]
     assert budgets[:MAX_STARVED] == [0] * MAX_STARVED and budgets[MAX_STARVED] == 8
+
+
+def test_cadence_sizes_a_waiting_chat_prompt_by_the_time_left_to_its_ttft_target():
+    p = CadencePolicy(itl_ms=100, ttft_ms=1000)
+    p.calibrate(profile(CostModel(0.010, 0.030, 0.003, 0.001)))
+    chat = SchedState(1, 0, 1, 1, 2048, decode_ctx=500, foreground_prompt_left=200)
+    early = p.foreground_chunk(replace(chat, foreground_waited_s=0.0))
+    late = p.foreground_chunk(replace(chat, foreground_waited_s=0.2))
+    assert 0 < early < late < 200  # less slack, bigger chunks: fewer iterations to wait
+    assert p.foreground_chunk(replace(chat, foreground_waited_s=0.9)) == 200  # all now
+    # Its remaining iterations fit the slack it was sized for.
+    base = p._model.predict(1, 0, 1, 500)
+    assert math.ceil(200 / early) * (base + 0.003 * early) <= 1.0 + 0.05
+    assert CadencePolicy(itl_ms=100).foreground_chunk(chat) is None  # no target: budget only

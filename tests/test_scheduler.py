@@ -254,3 +254,17 @@ def test_background_decodes_are_deferred_on_request_but_never_too_long():
     for plan in plans[:MAX_DEFERRED]:
         assert plan.decode == ("chat",) and plan.deferred == ("doc",)
     assert set(plans[-1].decode) == {"chat", "doc"} and plans[-1].deferred == ()
+
+
+def test_a_foreground_floor_beats_the_budget_and_leaves_the_background_less():
+    sched, _ = make_scheduler()
+    sched.add(make_request("chat0", "foreground", max_tokens=50))
+    sched.add(make_request("doc", "background", prompt_len=1000))
+    run_plan(sched, 100)  # chat0 decodes from now on; the document has begun
+    sched.add(make_request("chat1", "foreground", prompt_len=300, arrival_s=1.0))
+    assert sched.state(now_s=1.5).foreground_prompt_left == 300
+    assert sched.state(now_s=1.5).foreground_waited_s == 0.5
+    plan = sched.plan(16, foreground_floor=120)
+    assert plan.prefill == {"chat1": 120} and plan.decode == ("chat0",)
+    plan = sched.plan(200, foreground_floor=120)
+    assert plan.prefill == {"chat1": 200}  # the budget was larger: it decides

@@ -76,6 +76,7 @@ class BudgetMixin:
         self._ep_left: int | None = None
         self._ep_bg_left: int | None = None
         self._ep_defer: tuple[str, ...] = ()  # background decodes this step leaves out
+        self._ep_fg_floor = 0  # prompt tokens the first waiting chat gets, budget or not
         self._ep_deferred_run = 0
 
     # --- before the step --------------------------------------------------------------
@@ -85,6 +86,10 @@ class BudgetMixin:
         decodes = [r for r in running if _left(r) == 0]
         prefills = [r for r in running if _left(r) > 0] or waiting
         head = min(prefills, key=lambda r: (r.priority, r.arrival_time), default=None)
+        chats = [
+            r for r in [*running, *waiting] if _left(r) and class_of(r.priority) == "foreground"
+        ]
+        chat = min(chats, key=lambda r: r.arrival_time, default=None)
         return SchedState(
             n_prefill_running=len(running) - len(decodes),
             n_prefill_waiting=len(waiting),
@@ -98,6 +103,10 @@ class BudgetMixin:
             decode_ctx_foreground=sum(
                 r.num_computed_tokens + 1 for r in decodes if class_of(r.priority) == "foreground"
             ),
+            foreground_prompt_left=_left(chat) if chat is not None else 0,
+            foreground_prompt_pos=chat.num_computed_tokens if chat is not None else 0,
+            # vLLM stamps arrival_time with the wall clock when a request is added.
+            foreground_waited_s=max(time.time() - chat.arrival_time, 0.0) if chat else 0.0,
         )
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
@@ -107,6 +116,8 @@ class BudgetMixin:
         budget = self.ep_policy.budget(
             state.without_background_decodes() if self._ep_defer else state
         )
+        floor = self.ep_policy.foreground_chunk(state) if state.foreground_prompt_left else None
+        self._ep_fg_floor = floor or 0
         bg_cap = None
         if self.ep_guard is not None:
             self.ep_guard.update()
@@ -120,7 +131,7 @@ class BudgetMixin:
         finally:
             self._ep_left = self._ep_bg_left = None
         if out.total_num_scheduled_tokens > 0:
-            self.ep_ledger.add(self._ep_record(out, t_start, budget, bg_cap))
+            self.ep_ledger.add(self._ep_record(out, t_start, budget, bg_cap, floor))
         return out
 
     def _ep_deferred(self, state: SchedState) -> tuple[str, ...]:
@@ -175,18 +186,26 @@ class BudgetMixin:
             return n  # no cap this step
         background = class_of(request.priority) == "background"
         allowed = prompt if self._ep_left is None else min(prompt, self._ep_left)
+        if not background and self._ep_fg_floor:  # sized by its TTFT target
+            allowed = max(allowed, min(prompt, self._ep_fg_floor))
+            self._ep_fg_floor = 0
         if background and self._ep_bg_left is not None:
             allowed = min(allowed, self._ep_bg_left)
         # Charged now, before vLLM allocates KV blocks: a candidate that then cannot be
         # allocated leaves the step below the cap, never above it.
         if self._ep_left is not None:
-            self._ep_left -= allowed
+            self._ep_left = max(self._ep_left - allowed, 0)
         if background and self._ep_bg_left is not None:
             self._ep_bg_left -= allowed
         return allowed
 
     def _ep_record(
-        self, out: Any, t_start: float, budget: int | None, bg_cap: int | None
+        self,
+        out: Any,
+        t_start: float,
+        budget: int | None,
+        bg_cap: int | None,
+        floor: int | None,
     ) -> StepRecord:
         decode: list[str] = []
         prefill: dict[str, int] = {}
@@ -207,7 +226,7 @@ class BudgetMixin:
             by_class[cls] += prompt
             n_sampled += before + n >= req.num_tokens  # the chunk ends the prompt: samples
         deferred = tuple(r for r in self._ep_defer if r not in out.num_scheduled_tokens)
-        plan = Plan(budget, tuple(decode), prefill, bg_cap, deferred)
+        plan = Plan(budget, tuple(decode), prefill, bg_cap, deferred, floor)
         return StepRecord(
             self.ep_ledger.next_step, t_start, plan, classes, ctx_work, n_sampled, by_class
         )

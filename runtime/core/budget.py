@@ -41,6 +41,12 @@ class BudgetPolicy(ABC):
         the state without them. The scheduler bounds how long one can be deferred."""
         return False
 
+    def foreground_chunk(self, state: SchedState) -> int | None:
+        """The least prompt tokens the first waiting foreground prompt should get this
+        iteration to meet its TTFT target, budget or not (None: the budget decides). Asked
+        only while one waits (`state.foreground_prompt_left > 0`)."""
+        return None
+
     def observe(self, timing: IterationTiming) -> None:
         """Learn from a completed iteration; stateless policies ignore it."""
 

@@ -63,6 +63,7 @@ class Iteration:
             "n_decode": self.plan.n_decode,
             "n_decode_foreground": self.timing.n_decode_foreground,
             "n_decode_deferred": len(self.plan.deferred),
+            "foreground_floor": self.plan.foreground_floor,
             "n_prefill": self.plan.n_prefill,
             "n_prefill_foreground": self.prefill_by_class.get("foreground", 0),
             "n_prefill_background": self.prefill_by_class.get("background", 0),
@@ -188,7 +189,7 @@ class Engine:
     def step(self) -> Iteration | None:
         """Run one iteration; None when nothing could be scheduled."""
         t_start = self.clock.now()
-        state = self.scheduler.state(self.last)
+        state = self.scheduler.state(self.last, t_start)
         defer = (  # only ever for a chat's sake: never an iteration left empty by it
             state.n_decode_foreground > 0
             and state.n_decode_background > 0
@@ -199,7 +200,8 @@ class Engine:
         if self.guard is not None:
             self.guard.update()
             background_cap = self.guard.background_cap(budget, self.backend.capacity.n_batch)
-        plan = self.scheduler.plan(budget, background_cap, defer)
+        floor = self.policy.foreground_chunk(state) if state.foreground_prompt_left else None
+        plan = self.scheduler.plan(budget, background_cap, defer, floor)
         if plan.empty:
             self._device_done = None  # idle until work arrives: not host overhead
             return None

@@ -47,6 +47,11 @@ class SchedState:
     next_prefill_pos: int = 0  # where the next prompt chunk would start in its sequence
     next_prefill_left: int = 0  # prompt tokens that request has left (0: no prompt waits)
     decode_ctx_foreground: int = 0  # the foreground decodes' share of decode_ctx
+    # The first foreground prompt waiting for its first token (0 left: none): a TTFT target
+    # runs from its arrival.
+    foreground_prompt_left: int = 0
+    foreground_prompt_pos: int = 0
+    foreground_waited_s: float = 0.0
 
     @property
     def n_decode_background(self) -> int:
@@ -72,6 +77,9 @@ class Plan:
     prefill: dict[str, int] = field(default_factory=dict)
     background_cap: int | None = None  # a further cap on background prompt tokens
     deferred: tuple[str, ...] = ()  # background decodes left out of this iteration
+    # The least prompt tokens the first foreground prompt gets, whatever the budget, so it
+    # meets its TTFT target (None: the budget alone).
+    foreground_floor: int | None = None
 
     @property
     def n_decode(self) -> int:

@@ -119,9 +119,10 @@ class Scheduler:
         return bool(self.running) or any(self.waiting.values())
 
     # --- one iteration --------------------------------------------------------------
-    def state(self, last: IterationTiming | None = None) -> SchedState:
+    def state(self, last: IterationTiming | None = None, now_s: float = 0.0) -> SchedState:
         decodes = [r for r in self.running if r.status is Status.DECODE]
         head = next(self._prefill_order(), None)
+        chat = head if head is not None and head.cls == "foreground" else None
         return SchedState(
             n_prefill_running=sum(r.status is Status.PREFILL for r in self.running),
             n_prefill_waiting=sum(len(q) for q in self.waiting.values()),
@@ -133,6 +134,9 @@ class Scheduler:
             next_prefill_pos=head.num_computed if head is not None else 0,
             next_prefill_left=head.remaining_prompt if head is not None else 0,
             decode_ctx_foreground=sum(_ctx(r) for r in decodes if r.cls == "foreground"),
+            foreground_prompt_left=chat.remaining_prompt if chat is not None else 0,
+            foreground_prompt_pos=chat.num_computed if chat is not None else 0,
+            foreground_waited_s=max(now_s - chat.arrival_s, 0.0) if chat is not None else 0.0,
         )
 
     def plan(
@@ -140,11 +144,14 @@ class Scheduler:
         budget: int | None,
         background_cap: int | None = None,
         defer_background_decodes: bool = False,
+        foreground_floor: int | None = None,
     ) -> Plan:
         """Decode tokens first, then prompt chunks up to `budget` (None: fill n_batch), of
-        which background prompts get at most `background_cap`. Admits waiting requests
-        whose chunk is planned. Background decodes may be deferred, but never more than
-        `MAX_DEFERRED` iterations in a row, so a document's summary always progresses."""
+        which background prompts get at most `background_cap`; the first foreground prompt
+        gets at least `foreground_floor` tokens (sized by its TTFT target), which leaves
+        the background that much less. Admits waiting requests whose chunk is planned.
+        Background decodes may be deferred, but never more than `MAX_DEFERRED` iterations
+        in a row, so a document's summary always progresses."""
         decoding = [r for r in self.running if r.status is Status.DECODE]
         defer = defer_background_decodes and self._deferred_run < MAX_DEFERRED
         deferred = tuple(r.id for r in decoding if defer and r.cls == "background")
@@ -156,7 +163,8 @@ class Scheduler:
         prefill: dict[str, int] = {}
         by_fg = False  # a foreground prompt chunk is planned
         for req in self._prefill_order():
-            if left == 0:
+            floor = (foreground_floor or 0) if req.cls == "foreground" and not by_fg else 0
+            if left == 0 and not floor:
                 break
             if req.cls == "background" and budget is None and by_fg:
                 # A chat's prompt is in this iteration and no policy sized the rest: its
@@ -164,6 +172,8 @@ class Scheduler:
                 break
             if req.cls == "background":
                 avail, full = min(left, bg_left), left == budget_cap and bg_left == bg_cap
+            elif floor > left:
+                avail, full = min(floor, room - sum(prefill.values())), True
             else:
                 avail, full = left, left == budget_cap
             n = self._chunk(req.remaining_prompt, avail, full, room) if avail else 0
@@ -173,10 +183,10 @@ class Scheduler:
                 self._admit(req)
             prefill[req.id] = n
             by_fg = by_fg or req.cls == "foreground"
-            left -= n
+            left = max(left - n, 0)
             if req.cls == "background":
                 bg_left -= n
-        return Plan(budget, decode, prefill, background_cap, deferred)
+        return Plan(budget, decode, prefill, background_cap, deferred, foreground_floor)
 
     def _chunk(self, remaining: int, left: int, full: bool, room: int) -> int:
         """The largest chunk within `left` that is a multiple of `chunk_quantum`, not

@@ -28,6 +28,7 @@ throughput (RESULTS.md, section 0).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -56,6 +57,9 @@ class CadencePolicy(BudgetPolicy):
     window: int = 256
     min_tokens: int | None = None  # floor while chatting, so documents still progress
     tail_pct: float = 99.0  # share of foreground token gaps (%) to keep under itl_ms
+    # A chat's first-token target: its prompt gets the chunks that meet it, whatever the
+    # ongoing chats' ITL costs for those iterations (None: the ITL budget alone).
+    ttft_ms: float | None = None
     _model: CostModel | None = field(default=None, init=False, repr=False)
     _anchor: list[IterationTiming] = field(default_factory=list, init=False, repr=False)
     _recent: deque[IterationTiming] = field(default_factory=deque, init=False, repr=False)
@@ -67,6 +71,8 @@ class CadencePolicy(BudgetPolicy):
     def __post_init__(self) -> None:
         if self.itl_ms is not None and self.itl_ms <= 0:
             raise ValueError(f"itl_ms must be positive, got {self.itl_ms}")
+        if self.ttft_ms is not None and self.ttft_ms <= 0:
+            raise ValueError(f"ttft_ms must be positive, got {self.ttft_ms}")
         if self.window < 8:
             raise ValueError(f"window must be at least 8 iterations, got {self.window}")
         if self.min_tokens is not None and self.min_tokens < 0:
@@ -82,6 +88,22 @@ class CadencePolicy(BudgetPolicy):
             self.min_tokens = profile.min_chunk
         self._model = profile.cost
         self._anchor = list(profile.timings)
+
+    def foreground_chunk(self, state: SchedState) -> int | None:
+        """FlowPrefill's slack idea on a CPU: the smallest chunk for the waiting chat's
+        prompt such that its remaining iterations, each the decodes' cost plus the chunk's,
+        fit in the time left to `ttft_ms`; all of it at once when none is left."""
+        if self.ttft_ms is None or self._model is None:
+            return None
+        m, left = self._model, state.foreground_prompt_left
+        slack = self.ttft_ms / 1000 - state.foreground_waited_s
+        base = m.predict(state.n_decode, 0, 1, state.decode_ctx)  # + the last row: small
+        per_token = m.per_prefill_s + m.per_kctx_s * (state.foreground_prompt_pos + left / 2) / 1000
+        room = slack - per_token * left  # what passes and decodes may take, all iterations
+        iterations = math.floor(room / base)  # the most it can be spread over
+        if iterations <= 1:
+            return left
+        return math.ceil(left / iterations)
 
     def defer_background_decodes(self, state: SchedState) -> bool:
         """Leave documents' decodes out while a chat decodes, when with them (and the
@@ -159,6 +181,7 @@ class CadencePolicy(BudgetPolicy):
     def params(self) -> dict[str, Any]:
         return {
             "itl_ms": self.itl_ms,
+            "ttft_ms": self.ttft_ms,
             "tail_pct": self.tail_pct,
             "window": self.window,
             "min_tokens": self.min_tokens,
