@@ -243,6 +243,9 @@ def test_with_no_budget_no_background_prompt_rides_beside_a_chat_prompt():
     assert plan.prefill == {"chat": 40}  # its first token waits for nothing else
     plan, _, _ = run_plan(sched, None)
     assert plan.decode == ("chat",) and plan.prefill == {"doc": 511}  # then the rest
+    sched.add(make_request("chat2", "foreground", prompt_len=40))
+    plan = sched.plan(None, foreground_alone=False)  # `unlimited`: as llama-server would
+    assert plan.prefill == {"chat2": 40, "doc": 389}
 
 
 def test_background_decodes_are_deferred_on_request_but_never_too_long():

@@ -230,7 +230,7 @@ def test_a_chat_arriving_while_documents_prefill_goes_first_in_the_next_step(vll
     foreground prompts first on both backends, so the chat does not wait for documents,
     and with no budget set, no document tokens ride beside its prompt."""
     tok = vllm_backend.tokenizer
-    engine = vllm_backend.engine(parse_policy("unlimited"))
+    engine = vllm_backend.engine(Recording(None))  # a capping policy that sets no budget
     text = tok.encode(
         "the house of the river by the garden in summer " * 300, add_bos=True, special=True
     )
@@ -293,22 +293,35 @@ def test_background_decodes_deferred_inside_vllm_never_longer_than_allowed(vllm_
     assert len(doc.output) == 30 and len(chat.output) == 30
 
 
-def test_the_async_scheduler_variant_caps_and_times_steps_too(tmp_path, monkeypatch):
-    """The GPU default is vLLM's AsyncScheduler; on the CPU build async scheduling is off,
-    so the variant is forced here: the same cap and one timing per step must hold."""
-    from edgeprefill.backends.vllm import backend as vb
+def test_with_no_cap_vllm_schedules_every_request_as_it_would_without_edgeprefill(
+    vllm_backend, monkeypatch
+):
+    """`unlimited` is the baseline: every scheduling decision is vLLM's own. A capping
+    policy, even one whose cap never binds, serves a chat's prompt first."""
+    from vllm.v1.core.sched.scheduler import Scheduler
 
-    monkeypatch.setitem(vb.SCHEDULERS, False, vb.SCHEDULERS[True])
-    folder = write_tiny_model(tmp_path / "model")
-    settings = VllmSettings(
-        folder, n_ctx=2048, n_batch=1024, dtype="float32", enforce_eager=True, kv_cache_gib=0.25
+    mixin_hook = type(vllm_backend.scheduler)._reserve_prefill_lookahead
+    changed: list[bool] = []
+
+    def spy(self, request, num_computed, num_new):
+        ours = mixin_hook(self, request, num_computed, num_new)
+        changed.append(
+            ours != Scheduler._reserve_prefill_lookahead(self, request, num_computed, num_new)
+        )
+        return ours
+
+    monkeypatch.setattr(type(vllm_backend.scheduler), "_reserve_prefill_lookahead", spy)
+    tok = vllm_backend.tokenizer
+    text = tok.encode(
+        "the house of the river by the garden in summer " * 300, add_bos=True, special=True
     )
-    with VllmBackend(settings) as be:
-        assert be.describe()["scheduler"] == "EdgeprefillAsyncScheduler"
-        policy = Recording(40)
-        reqs = requests(be.tokenizer)
-        steps = drain(be.engine(policy), reqs)
-    assert len(policy.seen) == len(steps) > 0
-    for _, it in steps:
-        assert it.plan.n_prefill <= 40 or not it.plan.decode
-    assert all(len(r.output) == r.max_tokens for r in reqs)
+    for spec in ("unlimited", "static:100000"):
+        changed.clear()
+        engine = vllm_backend.engine(parse_policy(spec))
+        for i in range(3):
+            engine.add(Request(f"doc{i}", "background", 0.0, text[:1000], 3, ignore_eos=True))
+        engine.advance()
+        engine.add(Request("chat", "foreground", 0.0, text[:200], 3, ignore_eos=True))
+        while engine.has_work:
+            engine.advance()
+        assert changed and any(changed) == (spec != "unlimited"), spec

@@ -73,6 +73,7 @@ class VllmBackend:
         threads = settings.n_threads or os.cpu_count() or 1
         # In-process engine core: the driver reads the scheduler's step records directly.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder; never the hub
         # vLLM's CPU build cuts torch to one thread unless OMP_NUM_THREADS is set (fp32
         # decoding was 10x slower with one thread on a 2-core CPU).
         if settings.n_threads is not None:

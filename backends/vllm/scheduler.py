@@ -123,7 +123,7 @@ class BudgetMixin:
             self.ep_guard.update()
             bg_cap = self.ep_guard.background_cap(budget, self.max_num_scheduled_tokens)  # type: ignore[attr-defined]
         self._ep_left, self._ep_bg_left = budget, bg_cap
-        held = self._ep_foreground_first(budget)
+        held = self._ep_foreground_first(budget) if self.ep_policy.caps else None
         if held is not None:
             self._ep_bg_left = held if bg_cap is None else min(bg_cap, held)
         try:
@@ -167,7 +167,11 @@ class BudgetMixin:
             return None
         # With no budget, no background prompt work rides beside a chat's prompt (as on
         # llama.cpp); with one, background gets what the foreground leaves of it.
-        return 0 if budget is None else max(budget - pending, 0)
+        if budget is None:
+            return 0
+        n_decode = sum(_left(r) == 0 for r in self.running)  # type: ignore[attr-defined]
+        room = self.max_num_scheduled_tokens - n_decode  # type: ignore[attr-defined]
+        return max(min(budget, room) - pending, 0)
 
     def _ep_can_admit(self, request: Any) -> bool:
         """Whether a waiting request has a sequence slot and KV blocks now: holding

@@ -27,6 +27,10 @@ class BudgetPolicy(ABC):
     """
 
     name: ClassVar[str]
+    # False for a policy that never caps: then the backend schedules as it would without
+    # edgeprefill (no chat prompt served alone where no budget applies; on vLLM, vLLM's
+    # own order), which is the baseline the capping policies are compared with.
+    caps: ClassVar[bool] = True
     # Parameters that must be set (by the user, or by `calibrate` from a device profile)
     # before the first iteration: attribute -> what to tell a user who left it unset.
     required: ClassVar[dict[str, str]] = {}

@@ -201,7 +201,7 @@ class Engine:
             self.guard.update()
             background_cap = self.guard.background_cap(budget, self.backend.capacity.n_batch)
         floor = self.policy.foreground_chunk(state) if state.foreground_prompt_left else None
-        plan = self.scheduler.plan(budget, background_cap, defer, floor)
+        plan = self.scheduler.plan(budget, background_cap, defer, floor, self.policy.caps)
         if plan.empty:
             self._device_done = None  # idle until work arrives: not host overhead
             return None
@@ -256,7 +256,11 @@ class Engine:
         done = replace(plan, prefill={rid: n for rid, n in kept.items() if n > 0})
         finished = self.scheduler.update(done, result.sampled, landed)
         timing = timing_of(
-            [w for w in work if kept.get(seq_to_id[w.seq_id], 0)],
+            [
+                replace(w, tokens=w.tokens[: kept_by_seq.get(w.seq_id, 0)])
+                for w in work
+                if kept_by_seq.get(w.seq_id)
+            ],
             result.duration_s,
             budget=plan.budget,
             host_s=host_s,

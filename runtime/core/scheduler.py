@@ -145,11 +145,13 @@ class Scheduler:
         background_cap: int | None = None,
         defer_background_decodes: bool = False,
         foreground_floor: int | None = None,
+        foreground_alone: bool = True,
     ) -> Plan:
         """Decode tokens first, then prompt chunks up to `budget` (None: fill n_batch), of
         which background prompts get at most `background_cap`; the first foreground prompt
         gets at least `foreground_floor` tokens (sized by its TTFT target), which leaves
-        the background that much less. Admits waiting requests whose chunk is planned.
+        the background that much less; with no budget and `foreground_alone`, no
+        background prompt rides beside a foreground one. Admits waiting requests whose chunk is planned.
         Background decodes may be deferred, but never more than `MAX_DEFERRED` iterations
         in a row, so a document's summary always progresses."""
         decoding = [r for r in self.running if r.status is Status.DECODE]
@@ -166,7 +168,7 @@ class Scheduler:
             floor = (foreground_floor or 0) if req.cls == "foreground" and not by_fg else 0
             if left == 0 and not floor:
                 break
-            if req.cls == "background" and budget is None and by_fg:
+            if req.cls == "background" and budget is None and by_fg and foreground_alone:
                 # A chat's prompt is in this iteration and no policy sized the rest: its
                 # first token waits for every background token beside it, so none ride.
                 break

@@ -30,9 +30,10 @@ class StaticPolicy(BudgetPolicy):
 @dataclasses.dataclass
 class UnlimitedPolicy(BudgetPolicy):
     """No cap: prompts fill whatever `n_batch` leaves after the decodes, as llama.cpp's
-    own server does."""
+    own server does (and vLLM schedules as it would without edgeprefill)."""
 
     name: ClassVar[str] = "unlimited"
+    caps: ClassVar[bool] = False
 
     def budget(self, state: SchedState) -> int | None:
         return None

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from types import TracebackType
 
 
 class ArrivalAlarm:
@@ -46,14 +45,3 @@ class ArrivalAlarm:
             self._closed = True
             self._cond.notify()
         self._thread.join()
-
-    def __enter__(self) -> ArrivalAlarm:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

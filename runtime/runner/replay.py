@@ -13,7 +13,7 @@ import bisect
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import closing, contextmanager, nullcontext
 from dataclasses import dataclass
 
 from edgeprefill.runtime.core.engine import Driver, Iteration
@@ -77,7 +77,7 @@ def run_requests(
 
     interrupted = False
     alarm = ArrivalAlarm(clock.now, engine.preempt) if engine.can_preempt else None
-    with _graceful_interrupt() as stop, alarm or nullcontext():
+    with _graceful_interrupt() as stop, closing(alarm) if alarm else nullcontext():
         try:
             while pending or engine.has_work:
                 if stop.requested:
