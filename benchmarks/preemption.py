@@ -5,7 +5,8 @@ preemption, and the time from its arrival to the abort landing, in interleaved r
 
 One document of 3,000 tokens arrives at 0 s; a 200-token chat arrives at a time that
 moves through the document's first 2,048-token chunk from round to round. Fast batching
-(a chunk spans several micro-batches), policy `unlimited`, the bundled model.
+(a chunk spans several micro-batches), policy P-PAS (no budget while nothing decodes, so
+the whole document chunk, and the chat's prompt alone), the bundled model.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
 from edgeprefill.backends.llamacpp.model_file import default_model_path
 from edgeprefill.runtime.core.engine import Engine
 from edgeprefill.runtime.core.request import Request
-from edgeprefill.runtime.policies import UnlimitedPolicy
+from edgeprefill.runtime.policies import parse_policy
 from edgeprefill.runtime.runner.replay import run_requests
 from edgeprefill.runtime.runner.results import RunWriter
 from edgeprefill.runtime.traffic.prompts import PromptBuilder
@@ -33,7 +34,7 @@ def one(be: LlamaCppBackend, chat_at: float, out: Path) -> tuple[float, list[flo
     doc = Request("doc", "background", 0.0, build(3000, rng), 16, ignore_eos=True)
     chat = Request("chat", "foreground", chat_at, build(200, rng), 16, ignore_eos=True)
     with RunWriter(out) as writer:
-        run_requests(Engine(be, UnlimitedPolicy()), [doc, chat], writer)
+        run_requests(Engine(be, parse_policy("ppas:bcap=64")), [doc, chat], writer)
         latencies = [p["abort_latency_s"] for p in writer.preemptions]
     return chat.token_times_s[0] - chat.arrival_s, latencies
 

@@ -103,7 +103,8 @@ def test_decode_iterations_are_never_aborted_and_prompt_only_ones_are(make_backe
 def ttft_of_a_chat_arriving_during_a_long_document_chunk(backend, writer_dir) -> tuple[float, dict]:
     doc = Request("doc", "background", 0.0, tokens(backend, 3000, 5), 4, ignore_eos=True)
     chat = Request("chat", "foreground", 0.4, tokens(backend, 60, 6), 4, ignore_eos=True)
-    engine = Engine(backend, UnlimitedPolicy())
+    # P-PAS sets no budget with nothing decoding, so the chat's prompt goes alone.
+    engine = Engine(backend, parse_policy("ppas:bcap=64"))
     with RunWriter(writer_dir) as writer:
         run_requests(engine, [doc, chat], writer)
         summary = writer.summary({}, 0.0, False, 0)
