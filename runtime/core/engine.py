@@ -232,10 +232,14 @@ class Engine:
         seq_to_id = {r.seq_id: r.id for r in self.scheduler.running}
         sampled = {seq_to_id[seq]: token for seq, token in result.sampled.items()}
         finished = self.scheduler.update(plan, result.sampled, self.clock.now())
+        return Iteration(t_start, plan, timing, by_class, self._state(), finished, sampled)
+
+    def _state(self) -> dict[str, Any]:
+        """The policy's (and thermal guard's) state after an iteration, for its record."""
         state = self.policy.snapshot()
         if self.guard is not None:
             state = {**state, "thermal": self.guard.snapshot()}
-        return Iteration(t_start, plan, timing, by_class, state, finished, sampled)
+        return state
 
     def _preempted(
         self,
@@ -272,7 +276,8 @@ class Engine:
         }
         kept_class = {"foreground": 0, "background": done.n_prefill}
         sampled = {seq_to_id[s]: t for s, t in result.sampled.items()}
-        return Iteration(t_start, done, timing, kept_class, {}, finished, sampled, None, record)
+        state = self._state()
+        return Iteration(t_start, done, timing, kept_class, state, finished, sampled, None, record)
 
     @property
     def has_running(self) -> bool:
