@@ -32,6 +32,14 @@ def format_summary(s: dict[str, Any]) -> str:
         ("Iterations:", s["iterations"]),
         ("Accounting reconciled:", "yes" if s["accounting"]["reconciled"] else "NO"),
     ]
+    pre = s.get("preemption")
+    if pre and pre["count"]:  # document iterations stopped for a chat's arrival
+        rows.append(
+            (
+                "Preemptions (median to abort):",
+                f"{pre['count']} ({pre['median_abort_latency_ms']:.1f} ms)",
+            )
+        )
     lines += [f"{k:<34}{_fmt(v):>22}" for k, v in rows]
     batching = s["backend"].get("batching")
     if batching is not None:  # the reason is longer than a table cell
