@@ -133,6 +133,8 @@ class LlamaContext:
                 f"n_seq_max={n_seq_max}); try a smaller n_ctx"
             )
         self.memory = lc.llama_get_memory(self.ptr)
+        self._abort_flag: Any = None  # what the abort callback reads while armed
+        self._abort_cb = lc.ggml_abort_callback(lambda _data: self._abort_flag.is_set())
         self.n_ctx = lc.llama_n_ctx(self.ptr)  # all sequences together
         self.n_ctx_seq = lc.llama_n_ctx_seq(self.ptr)
         self.n_vocab = lc.llama_vocab_n_tokens(model.vocab)
@@ -148,12 +150,9 @@ class LlamaContext:
         `llama_decode` returns 2 and keeps the micro-batches that finished."""
         global _armed
         _armed = flag is not None
-        if flag is None:
-            lc.llama_set_abort_callback(self.ptr, lc.ggml_abort_callback(), None)
-            self._abort_cb = None
-            return
-        self._abort_cb = lc.ggml_abort_callback(lambda _data: flag.is_set())
-        lc.llama_set_abort_callback(self.ptr, self._abort_cb, None)
+        self._abort_flag = flag
+        callback = self._abort_cb if flag is not None else lc.ggml_abort_callback()
+        lc.llama_set_abort_callback(self.ptr, callback, None)
 
     def logits(self, batch_index: int) -> np.ndarray:
         """A copy of the logits row computed for a batch index of the last decode."""

@@ -11,8 +11,11 @@ from typing import Any
 
 from edgeprefill.backends.vllm.check import require_vllm
 from edgeprefill.backends.vllm.engine import VllmEngine
+from edgeprefill.backends.vllm.probe import probe_timings
 from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.errors import UserError
+from edgeprefill.runtime.core.plan import IterationTiming
+from edgeprefill.runtime.core.resource import Closeable
 
 SCHEDULERS = {
     False: "edgeprefill.backends.vllm.scheduler.EdgeprefillScheduler",
@@ -45,7 +48,7 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-class VllmBackend:
+class VllmBackend(Closeable):
     """An open vLLM engine (in this process, so the driver reaches its scheduler). One
     backend serves several runs in turn (`compare`, `sweep`), each with its own policy."""
 
@@ -142,6 +145,9 @@ class VllmBackend:
             clock=clock,
         )
 
+    def probe_timings(self, seed: int = 0) -> list[IterationTiming]:
+        return probe_timings(self, seed)
+
     def describe(self) -> dict[str, Any]:
         s = self.settings
         return {
@@ -175,9 +181,3 @@ class VllmBackend:
             return
         self._closed = True
         self.llm.engine_core.shutdown()
-
-    def __enter__(self) -> VllmBackend:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -123,7 +123,7 @@ class BudgetMixin:
             self.ep_guard.update()
             bg_cap = self.ep_guard.background_cap(budget, self.max_num_scheduled_tokens)  # type: ignore[attr-defined]
         self._ep_left, self._ep_bg_left = budget, bg_cap
-        held = self._ep_foreground_first(budget) if self.ep_policy.caps else None
+        held = self._ep_foreground_first(budget, state.n_decode) if self.ep_policy.caps else None
         if held is not None:
             self._ep_bg_left = held if bg_cap is None else min(bg_cap, held)
         try:
@@ -152,7 +152,7 @@ class BudgetMixin:
             if _left(r) == 0 and class_of(r.priority) == "background"
         )
 
-    def _ep_foreground_first(self, budget: int | None) -> int | None:
+    def _ep_foreground_first(self, budget: int | None, n_decode: int) -> int | None:
         """The most background prompt tokens this step while foreground prompt work waits:
         what the budget (or the step's room) leaves after it. vLLM schedules running
         requests before waiting ones whatever their priority, so without this a chat that
@@ -169,7 +169,6 @@ class BudgetMixin:
         # llama.cpp); with one, background gets what the foreground leaves of it.
         if budget is None:
             return 0
-        n_decode = sum(_left(r) == 0 for r in self.running)  # type: ignore[attr-defined]
         room = self.max_num_scheduled_tokens - n_decode  # type: ignore[attr-defined]
         return max(min(budget, room) - pending, 0)
 

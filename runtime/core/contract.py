@@ -12,11 +12,11 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Protocol
 
 from edgeprefill.runtime.core.plan import IterationTiming
 from edgeprefill.runtime.core.request import SamplingParams
+from edgeprefill.runtime.core.resource import Closeable
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ class BackendError(RuntimeError):
     """The device refused an iteration; the requests in it fail, the run goes on."""
 
 
-class Backend(ABC):
+class Backend(Closeable, ABC):
     name: str
     capacity: Capacity
     tokenizer: Tokenizer
@@ -159,14 +159,3 @@ class Backend(ABC):
     @abstractmethod
     def close(self) -> None:
         """Free native resources; idempotent."""
-
-    def __enter__(self) -> Backend:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -85,10 +85,8 @@ def probe_device(backend: Backend | SchedulingBackend, seed: int = 0) -> DeviceP
 
 
 def _probe_self_scheduling(backend: SchedulingBackend, seed: int) -> DeviceProfile:
-    """vLLM plans its own batches: its probe steers them with a scripted budget."""
-    from edgeprefill.backends.vllm.probe import probe_timings
-
-    timings = probe_timings(backend, seed)
+    """vLLM plans its own batches: the backend's probe steers them with a scripted budget."""
+    timings = backend.probe_timings(seed)
     alone = [t.duration_s for t in timings if t.n_decode == 1 and t.n_prefill == 0]
     if not alone or len(timings) < 6:
         raise UserError("the vLLM startup probe saw too few steps; pass --calibration none")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any
 
 import numpy as np
@@ -18,10 +17,11 @@ from edgeprefill.runtime.analysis.metrics import class_summary, completed
 from edgeprefill.runtime.core.engine import Iteration
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.request import CLASSES, Request
+from edgeprefill.runtime.core.resource import Closeable
 from edgeprefill.thermal.energy import IterationSpan
 
 
-class RunWriter:
+class RunWriter(Closeable):
     def __init__(self, out_dir: Path) -> None:
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -115,14 +115,3 @@ class RunWriter:
         for f in (self._requests, self._iterations):
             if not f.closed:
                 f.close()
-
-    def __enter__(self) -> RunWriter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
