@@ -69,3 +69,23 @@ def test_unsupported_missing_or_doubled_vllm_is_named(monkeypatch):
         check.require_vllm()
     versions.pop("vllm")
     assert check.require_vllm() == "0.32.0"
+
+
+def test_a_setting_vllm_rejects_is_named_with_what_it_accepts(tmp_path):
+    from tests.vllm_model import write_tiny_model
+
+    model = write_tiny_model(tmp_path / "m")
+    line = one_line_error(
+        edgeprefill(
+            tmp_path,
+            "run",
+            WORKLOAD,
+            "--backend",
+            "vllm",
+            "--model",
+            str(model),
+            "--dtype",
+            "bogus",
+        )
+    )
+    assert "vLLM rejected the settings: dtype" in line and "'bogus'" in line and "float32" in line

@@ -42,6 +42,18 @@ class VllmSettings:
     seed: int = 0
 
 
+def _first_error(e: Exception) -> str:
+    """The first of a pydantic validation's errors (which field, what was wrong), else the
+    message's first line."""
+    errors = getattr(e, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        return (
+            f"{'.'.join(map(str, first['loc'])) or 'value'} {first.get('input')!r}: {first['msg']}"
+        )
+    return str(e).splitlines()[0]
+
+
 def _cuda_available() -> bool:
     import torch
 
@@ -114,7 +126,7 @@ class VllmBackend(Closeable):
         try:
             config = args.create_engine_config()
         except (ValueError, TypeError) as e:
-            raise UserError(f"vLLM rejected the settings: {str(e).splitlines()[0]}") from None
+            raise UserError(f"vLLM rejected the settings: {_first_error(e)}") from None
         sched = config.scheduler_config
         sched.scheduler_cls = SCHEDULERS[bool(sched.async_scheduling)]
         worker = config.parallel_config.worker_cls
