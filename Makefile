@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.edgeprefill-installed
 VLLM_STAMP := $(VENV)/.edgeprefill-vllm-installed
 WORKLOAD ?= workloads/assistant_plus_indexer.yaml
-POLICY ?= static:64
+POLICY ?= cadence
 RUN_ARGS ?=
 
 .PHONY: setup setup-vllm run test clean

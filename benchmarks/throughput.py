@@ -9,8 +9,9 @@ Shapes: one 2,048-token prompt prefilled in one iteration (prompt tokens per sec
 llama-batched-bench runs each shape at every flash-attention and micro-batch setting below,
 as a tuned user would, and its best setting is the reference. edgeprefill runs the same
 shapes through its engine (plan, batch, decode, sample, bookkeeping), timed by wall clock,
-so host overhead counts against it, with the settings its device probe chose (fast
-batching unless `--batching exact`). Each round runs both sides back to back, alternating
+so host overhead counts against it, with the settings its device probe chooses for the
+work measured (one backend told it will prefill, one that it will decode, as `run` tells
+the backend a workload's expected work; fast batching unless `--batching exact`). Each round runs both sides back to back, alternating
 which goes first; the machine's speed drifts, so only ratios within a round are compared.
 """
 
@@ -29,9 +30,11 @@ from edgeprefill.backends.llamacpp.model_file import default_model_path
 from edgeprefill.backends.llamacpp.probe import plain_tokens
 from edgeprefill.runtime.core.engine import Engine
 from edgeprefill.runtime.core.request import Request
+from edgeprefill.runtime.core.work import ExpectedWork, RequestShape
 from edgeprefill.runtime.policies import UnlimitedPolicy
 
 PREFILL = 2048
+PREFILL_REPEATS = 3  # one prefill is ~2.5 s: the median of three, each side, each round
 DECODE_CTX = 512
 DECODE_STEPS = 32
 PARALLEL = (1, 4, 8)
@@ -57,10 +60,13 @@ def batched_bench(tools: Path, model: Path, threads: int) -> dict[str, dict[str,
             "--output-format",
             "jsonl",
         ]
-        rows = _jsonl(
-            common + ["-c", str(PREFILL + 64), "-npp", str(PREFILL), "-ntg", "1", "-npl", "1"]
-        )
-        shape = {"prefill": rows[0]["speed_pp"]}
+        prefill = [
+            _jsonl(
+                common + ["-c", str(PREFILL + 64), "-npp", str(PREFILL), "-ntg", "1", "-npl", "1"]
+            )[0]["speed_pp"]
+            for _ in range(PREFILL_REPEATS)
+        ]
+        shape = {"prefill": statistics.median(prefill)}
         ctx = max(PARALLEL) * (DECODE_CTX + DECODE_STEPS)
         rows = _jsonl(
             common
@@ -77,20 +83,31 @@ def _jsonl(cmd: list[str]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
 
 
-def edgeprefill(be: LlamaCppBackend) -> dict[str, float]:
-    """tok/s per shape through the engine, wall clock around each `Engine.step`."""
-    tokens = plain_tokens(be.model, PREFILL + max(PARALLEL) * DECODE_CTX)
+def edgeprefill_prefill(be: LlamaCppBackend) -> dict[str, float]:
+    """Prompt tok/s of a PREFILL-token prompt in one iteration (median of
+    PREFILL_REPEATS), wall clock around
+    `Engine.step` (plan, batch, decode, sample, bookkeeping)."""
+    tokens = plain_tokens(be.model, PREFILL)
+    rates = []
+    for _ in range(PREFILL_REPEATS):
+        engine = Engine(be, UnlimitedPolicy())
+        engine.add(Request("p", "background", 0.0, tokens, max_tokens=1))
+        t0 = time.perf_counter()
+        it = engine.step()
+        rates.append(PREFILL / (time.perf_counter() - t0))
+        assert it is not None and it.plan.n_prefill == PREFILL and not engine.has_work
+    return {"prefill": statistics.median(rates)}
+
+
+def edgeprefill_decode(be: LlamaCppBackend) -> dict[str, float]:
+    """Decode tok/s of n sequences decoding together, wall clock around each decode-only
+    `Engine.step`."""
+    tokens = plain_tokens(be.model, max(PARALLEL) * DECODE_CTX)
     out: dict[str, float] = {}
-    engine = Engine(be, UnlimitedPolicy())
-    engine.add(Request("p", "background", 0.0, tokens[:PREFILL], max_tokens=1))
-    t0 = time.perf_counter()
-    it = engine.step()
-    out["prefill"] = PREFILL / (time.perf_counter() - t0)
-    assert it is not None and it.plan.n_prefill == PREFILL and not engine.has_work
     for n in PARALLEL:
         engine = Engine(be, UnlimitedPolicy())
         for i in range(n):
-            prompt = tokens[PREFILL + i * DECODE_CTX : PREFILL + (i + 1) * DECODE_CTX]
+            prompt = tokens[i * DECODE_CTX : (i + 1) * DECODE_CTX]
             req = Request(f"d{i}", "foreground", 0.0, prompt, DECODE_STEPS + 1, ignore_eos=True)
             engine.add(req)
         steps = []
@@ -104,94 +121,118 @@ def edgeprefill(be: LlamaCppBackend) -> dict[str, float]:
     return out
 
 
+# What each measurement computes, told to the backend as `run` tells it a workload's
+# expected work: its probe then picks the settings fastest for that work.
+PREFILL_WORK = ExpectedWork((RequestShape(1, PREFILL, 1),))
+DECODE_WORK = ExpectedWork((RequestShape(max(PARALLEL), 0, DECODE_STEPS),))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tools", type=Path, required=True, help="folder with llama-batched-bench")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="[default: physical cores]")
     ap.add_argument("--batching", choices=["auto", "exact", "fast"], default="fast")
     ap.add_argument("--out", type=Path, default=Path("results/throughput.json"))
     args = ap.parse_args()
     model = default_model_path()
-    config = LlamaCppConfig(
-        model=model,
-        n_ctx=PREFILL + 64,
-        n_seq_max=max(PARALLEL),
-        n_threads=args.threads,
-        batching=args.batching,
-    )
+
+    def backend(work: ExpectedWork) -> LlamaCppBackend:
+        return LlamaCppBackend(
+            LlamaCppConfig(
+                model=model,
+                n_ctx=PREFILL + 64,
+                n_seq_max=max(PARALLEL),
+                n_threads=args.threads,
+                batching=args.batching,
+                expected_work=work,
+            )
+        )
+
     rounds: list[dict[str, Any]] = []
-    with LlamaCppBackend(config) as be:
+    with backend(PREFILL_WORK) as pre, backend(DECODE_WORK) as dec:
         for r in range(args.rounds):
             sides = {}
             order = ("ours", "llama") if r % 2 == 0 else ("llama", "ours")
             for side in order:
                 if side == "ours":
-                    sides["edgeprefill"] = edgeprefill(be)
+                    sides["edgeprefill"] = edgeprefill_prefill(pre) | edgeprefill_decode(dec)
                 else:
-                    sides["batched_bench"] = batched_bench(args.tools, model, be.n_threads)
+                    sides["batched_bench"] = batched_bench(args.tools, model, pre.n_threads)
             rounds.append(sides)
             print(f"round {r + 1}/{args.rounds}: {json.dumps(sides)}", flush=True)
-        report = summarize(rounds, be.describe())
+        report = summarize(rounds, {"prefill": pre.describe(), "decode": dec.describe()})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(format_table(report))
     print(f"results: {args.out}")
 
 
-def summarize(rounds: list[dict[str, Any]], backend: dict[str, Any]) -> dict[str, Any]:
+def summarize(rounds: list[dict[str, Any]], backends: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Per shape: llama-batched-bench's best setting (by median over rounds) and the
-    per-round ratio of edgeprefill to that setting."""
-    shapes = list(rounds[0]["edgeprefill"])
-    b = backend["batching"]
-    same = f"fa={'on' if b['flash_attn'] else 'off'} ub={b['n_ubatch']}"
+    per-round ratio of edgeprefill to it. For decodes n_ubatch changes nothing (a pass of
+    at most 8 rows is one micro-batch under every n_ubatch), so the runs at each n_ubatch
+    are repeats of one setting, pooled by their median: the best of three repeats would
+    pick noise."""
     table = {}
-    for shape in shapes:
-        medians = {
-            s: statistics.median(r["batched_bench"][s][shape] for r in rounds)
-            for s in rounds[0]["batched_bench"]
-        }
-        best = max(medians, key=lambda s: medians[s])
-        ratios = [r["edgeprefill"][shape] / r["batched_bench"][best][shape] for r in rounds]
-        if same in medians:  # llama-batched-bench with edgeprefill's own settings
-            table[shape] = {
-                "same_setting_ratio_median": statistics.median(
-                    r["edgeprefill"][shape] / r["batched_bench"][same][shape] for r in rounds
-                )
-            }
-        else:
-            table[shape] = {}
-        table[shape] |= {
-            "edgeprefill_tok_s": statistics.median(r["edgeprefill"][shape] for r in rounds),
+    for shape in rounds[0]["edgeprefill"]:
+        side = "prefill" if shape == "prefill" else "decode"
+        b = backends[side]["batching"]
+
+        def setting(name: str, side: str = side) -> str:
+            return name if side == "prefill" else name.split()[0]
+
+        def per_round(r: dict[str, Any], shape: str = shape) -> dict[str, float]:
+            groups: dict[str, list[float]] = {}
+            for name, tok_s in r["batched_bench"].items():
+                groups.setdefault(setting(name), []).append(tok_s[shape])
+            return {k: statistics.median(v) for k, v in groups.items()}
+
+        reference = [per_round(r) for r in rounds]
+        medians = {k: statistics.median(ref[k] for ref in reference) for k in reference[0]}
+        best = max(medians, key=lambda k: medians[k])
+        same = setting(f"fa={'on' if b['flash_attn'] else 'off'} ub={b['n_ubatch']}")
+        ours = [r["edgeprefill"][shape] for r in rounds]
+        ratios = [o / ref[best] for o, ref in zip(ours, reference, strict=True)]
+        table[shape] = {
+            "edgeprefill_setting": same,
+            "edgeprefill_tok_s": statistics.median(ours),
             "batched_bench_best": best,
             "batched_bench_tok_s": medians[best],
             "ratio_median": statistics.median(ratios),
             "ratio_min": min(ratios),
             "ratio_max": max(ratios),
+            "same_setting_ratio_median": statistics.median(
+                o / ref[same] for o, ref in zip(ours, reference, strict=True) if same in ref
+            )
+            if same in medians
+            else None,
         }
     return {
-        "backend": {k: backend[k] for k in ("model_description", "n_threads", "batching")},
-        "probe_source": backend["probe"]["source"],
+        "backends": {
+            side: {k: d[k] for k in ("model_description", "n_threads", "batching", "expected_work")}
+            | {"probe_source": d["probe"]["source"]}
+            for side, d in backends.items()
+        },
         "rounds": rounds,
         "table": table,
     }
 
 
 def format_table(report: dict[str, Any]) -> str:
-    b = report["backend"]["batching"]
     lines = [
-        f"edgeprefill ({b['mode']} batching: flash attention "
-        f"{'on' if b['flash_attn'] else 'off'}, n_ubatch {b['n_ubatch']}) against "
-        f"llama-batched-bench's best setting, {len(report['rounds'])} interleaved rounds",
-        f"{'shape':<10}{'edgeprefill':>13}{'batched-bench':>15}{'best setting':>16}"
-        f"{'ratio (min..max)':>24}{'same setting':>14}",
+        f"edgeprefill against llama-batched-bench's best setting, "
+        f"{len(report['rounds'])} interleaved rounds",
+        f"{'shape':<10}{'edgeprefill':>13}{'its setting':>14}{'batched-bench':>15}"
+        f"{'best setting':>16}{'ratio (min..max)':>24}{'same setting':>14}",
     ]
     for shape, t in report["table"].items():
+        same = t["same_setting_ratio_median"]
         lines.append(
-            f"{shape:<10}{t['edgeprefill_tok_s']:>13.1f}{t['batched_bench_tok_s']:>15.1f}"
-            f"{t['batched_bench_best']:>16}"
+            f"{shape:<10}{t['edgeprefill_tok_s']:>13.1f}{t['edgeprefill_setting']:>14}"
+            f"{t['batched_bench_tok_s']:>15.1f}{t['batched_bench_best']:>16}"
             f"{t['ratio_median']:>10.3f} ({t['ratio_min']:.3f}..{t['ratio_max']:.3f})"
-            f"{t.get('same_setting_ratio_median', float('nan')):>14.3f}"
+            f"{float('nan') if same is None else same:>14.3f}"
         )
     return "\n".join(lines)
 

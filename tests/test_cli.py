@@ -80,10 +80,27 @@ def test_run_writes_results_that_agree_with_each_other(tmp_path):
     assert f"Batching: {batching['mode']}" in res.stdout  # `run` defaults to auto
     assert batching["mode"] == ("exact" if batching["exact_cost"] < 0.03 else "fast")
     assert probe["source"] in ("measured", "cache") and Path(probe["path"]).exists()
+    # settings were chosen for this workload's work, estimated before the model loaded
+    assert summary["backend"]["expected_work"]["requests"] == 5
+    assert "fastest for the run's expected" in batching["reason"]
     requests = read_jsonl(out / "requests.jsonl")
     iterations = read_jsonl(out / "iterations.jsonl")
 
     assert summary["completed"] == 5 and summary["failed"] == 0 and not summary["interrupted"]
+    # chats carry the foreground's default TTFT target, documents none; each chat's first
+    # token counted against it
+    att = summary["foreground"]["ttft_attainment"]
+    assert (
+        att["targets_s"] == [1.0]
+        and att["requests"] == 3
+        and summary["background"]["ttft_attainment"] is None
+    )
+    in_time = sum(
+        r["token_times_s"][0] - r["arrival_s"] <= 1.0
+        for r in read_jsonl(out / "requests.jsonl")
+        if r["class"] == "foreground"
+    )
+    assert att["met"] == in_time and f"{in_time:>10} / 3" in res.stdout
     assert summary["policy"] == {"name": "static", "params": {"tokens": 32}, "spec": "static:32"}
     assert summary["machine"]["cpu_model"] and summary["backend"]["name"] == "llamacpp"
     acc = summary["accounting"]

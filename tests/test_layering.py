@@ -58,7 +58,14 @@ ALLOWED = {
     "backends/vllm": ["runtime.core", "runtime.policies", "backends"],
     "thermal": ["thermal"],
     "runtime/analysis": ["runtime.core", "runtime.analysis"],
-    "runtime/api": ["runtime.core", "runtime.policies", "runtime.runner.results", "runtime.api"],
+    # The embedding API writes results and measures the device as `run` does.
+    "runtime/api": [
+        "runtime.core",
+        "runtime.policies",
+        "runtime.runner.results",
+        "runtime.runner.calibration",
+        "runtime.api",
+    ],
     "runtime/runner": [
         "runtime.core",
         "runtime.policies",

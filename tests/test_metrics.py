@@ -51,3 +51,15 @@ def test_a_class_with_no_completed_requests_reports_none_not_zero():
     s = class_summary([rec(0.0, [], error="boom")], duration_s=5.0)
     assert s["mean_ttft_ms"] is None and s["p99_itl_ms"] is None
     assert s["completed"] == 0 and s["failed"] == 1
+
+
+def test_ttft_attainment_counts_first_tokens_in_time_and_misses_failures():
+    records = [
+        rec(0.0, [0.5, 0.6]) | {"ttft_target_s": 1.0},  # met
+        rec(1.0, [2.5]) | {"ttft_target_s": 1.0},  # 1.5 s: missed
+        rec(2.0, [], error="cancelled") | {"ttft_target_s": 1.0},  # no token: missed
+        rec(3.0, [3.1]),  # no target: not counted
+    ]
+    s = class_summary(records, 10.0)
+    assert s["ttft_attainment"] == {"targets_s": [1.0], "requests": 3, "met": 1, "rate": 1 / 3}
+    assert class_summary([rec(0.0, [0.5])], 1.0)["ttft_attainment"] is None

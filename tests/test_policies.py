@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from edgeprefill.backends.sim import SimBackend
+from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.contract import Capacity
 from edgeprefill.runtime.core.costmodel import CostModel
 from edgeprefill.runtime.core.engine import Engine
@@ -245,4 +246,63 @@ def test_cadence_sizes_a_waiting_chat_prompt_by_the_time_left_to_its_ttft_target
     # Its remaining iterations fit the slack it was sized for.
     base = p._model.predict(1, 0, 1, 500)
     assert math.ceil(200 / early) * (base + 0.003 * early) <= 1.0 + 0.05
-    assert CadencePolicy(itl_ms=100).foreground_chunk(chat) is None  # no target: budget only
+    # The request's own target, where the policy sets none; no target: the budget alone.
+    own = CadencePolicy(itl_ms=100)
+    own.calibrate(profile(CostModel(0.010, 0.030, 0.003, 0.001)))
+    assert own.foreground_chunk(replace(chat, foreground_ttft_target_s=1.0)) == early
+    assert own.foreground_chunk(replace(chat, foreground_ttft_target_s=0.5)) > early
+    assert own.foreground_chunk(chat) is None
+    # a model fitted with no per-iteration cost (all prompt tokens): the budget decides
+    own._model = CostModel(0.0, 0.0, 0.003, 0.0)
+    assert own.foreground_chunk(replace(chat, foreground_ttft_target_s=1.0)) is None
+
+
+@pytest.mark.parametrize("spec", ["static:64", "unlimited"])
+def test_a_documents_decodes_wait_while_a_chats_prompt_computes(spec):
+    """Each sampled row costs as much as a chat's own token on a small model: while a
+    chat's prompt is being computed its first token should not wait for documents' rows.
+    A policy that does not cap (`unlimited`, what llama-server does) leaves them in."""
+    engine = Engine(SimBackend(COST, CAP), parse_policy(spec))
+    engine.add(Request("doc", "background", 0.0, list(range(100, 150)), 40, ignore_eos=True))
+    engine.step()  # the document's prompt: it decodes from now on
+    chat = Request("chat", "foreground", 0.0, list(range(100, 400)), 8, ignore_eos=True)
+    engine.add(chat)
+    plans = []
+    while not chat.output:
+        plans.append(engine.step().plan)  # until the chat has its first token
+    assert plans and all("chat" in p.prefill for p in plans)
+    if spec == "unlimited":
+        assert all(list(p.decode) == ["doc"] and not p.deferred for p in plans)
+    else:
+        assert all(list(p.deferred) == ["doc"] and not p.decode for p in plans)
+    after = engine.step().plan
+    assert "doc" in after.decode  # and it decodes again once the chat's prompt is in
+
+
+class NoBudget(BudgetPolicy):
+    """Caps nothing itself, but is a capping policy (chat-first rules apply)."""
+
+    name = "no-budget"
+
+    def budget(self, state):
+        return None
+
+
+def test_an_iteration_with_documents_decodes_holds_one_abort_unit_of_prompt_work():
+    """Decodes make an iteration unstoppable: beside documents' decodes, with no chat active,
+    document prompt work is kept to one abort unit, so a chat arriving meanwhile waits for
+    one micro-batch instead of a whole batch; alone, documents fill the batch."""
+
+    def plans(unit):
+        backend = SimBackend(COST, CAP)
+        backend.abort_unit = unit
+        engine = Engine(backend, NoBudget())
+        engine.add(Request("short", "background", 0.0, list(range(100, 140)), 30, ignore_eos=True))
+        engine.add(Request("long", "background", 0.0, list(range(100, 3100)), 4, ignore_eos=True))
+        return engine.step().plan, engine.step().plan
+
+    first, nxt = plans(256)
+    assert first.prefill == {"short": 40, "long": 2048 - 40}  # no decodes yet: the batch
+    assert list(nxt.decode) == ["short"] and nxt.prefill == {"long": 256}
+    _, nxt = plans(None)  # a backend that cannot stop an iteration: no reason to hold back
+    assert list(nxt.decode) == ["short"] and nxt.prefill == {"long": 3000 - 2008}  # the rest

@@ -11,7 +11,8 @@ import pytest
 
 from edgeprefill.backends.llamacpp.probe import plain_tokens
 from edgeprefill.runtime import Runtime
-from edgeprefill.runtime.core.request import Status
+from edgeprefill.runtime.core.request import DEFAULT_TTFT_TARGET_S, Status
+from edgeprefill.runtime.policies import DEFAULT_POLICY
 
 pytestmark = pytest.mark.slow
 
@@ -20,10 +21,12 @@ QUESTION = [{"role": "user", "content": "Write two sentences about the sea."}]
 
 def test_streamed_pieces_concatenate_to_the_text_of_the_tokens(make_backend):
     be = make_backend()
-    with Runtime(be, "static:64") as rt:
+    with Runtime(be) as rt:  # the default policy, its targets measured on this device now
+        assert rt.policy.name == DEFAULT_POLICY and rt.policy.itl_ms > 0
         handle = rt.chat(QUESTION, max_tokens=32, ignore_eos=True)
         pieces = list(handle)
         req = handle.result(timeout=60)
+    assert req.ttft_target_s == DEFAULT_TTFT_TARGET_S["foreground"]
     assert [p.token for p in pieces if p.token is not None] == req.output
     assert len(req.output) == 32 and req.status is Status.FINISHED
     assert "".join(p.text for p in pieces) == be.tokenizer.decode(req.output)

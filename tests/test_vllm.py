@@ -325,3 +325,48 @@ def test_with_no_cap_vllm_schedules_every_request_as_it_would_without_edgeprefil
         while engine.has_work:
             engine.advance()
         assert changed and any(changed) == (spec != "unlimited"), spec
+
+
+class ChunkByTarget(Recording):
+    """Records the first-token target the scheduler reports for a waiting chat."""
+
+    name = "chunk-by-target"
+
+    def __init__(self, tokens: int) -> None:
+        super().__init__(tokens)
+        self.targets: list[float | None] = []
+
+    def foreground_chunk(self, state):
+        self.targets.append(state.foreground_ttft_target_s)
+        return None
+
+
+def test_a_chats_prompt_goes_without_documents_decodes_and_its_target_reaches_the_policy(
+    vllm_backend,
+):
+    """As on llama.cpp: while a chat's prompt is computed, documents' decodes wait (their
+    sampled rows would delay its first token), and the policy sees the chat's own TTFT
+    target to size its chunks."""
+    tok = vllm_backend.tokenizer
+    policy = ChunkByTarget(64)
+    engine = vllm_backend.engine(policy)
+    words = tok.encode("the house of the river " * 60, add_bos=True, special=True)
+    docs = [
+        Request(f"doc{i}", "background", 0.0, words[:40], 20, ignore_eos=True) for i in range(2)
+    ]
+    for d in docs:
+        engine.add(d)
+    while not all(d.output for d in docs):
+        engine.advance()  # both documents decode from now on
+    chat = Request("chat", "foreground", 0.0, words[:150], 4, ignore_eos=True, ttft_target_s=0.75)
+    engine.add(chat)
+    chat_steps = []
+    while not chat.output:
+        chat_steps += [it for it in engine.advance().iterations if "chat" in it.plan.prefill]
+    assert len(chat_steps) >= 2  # 150 prompt tokens under a budget of 64
+    for it in chat_steps:
+        assert set(it.plan.deferred) == {"doc0", "doc1"} and "doc0" not in it.plan.decode
+    assert policy.targets and set(policy.targets) == {0.75}
+    while engine.has_work:
+        engine.advance()
+    assert len(chat.output) == 4 and all(len(d.output) == 20 for d in docs)

@@ -116,6 +116,28 @@ def test_token_ranges_accept_a_bare_integer(tmp_path):
     )
 
 
+def test_ttft_targets_default_by_class_and_can_be_set_or_removed(tmp_path):
+    from edgeprefill.backends.sim import SimTokenizer
+    from edgeprefill.runtime.traffic.build import build_requests
+
+    def targets(data) -> dict[str, set]:
+        built = build_requests(load_workload(write(tmp_path, data)), SimTokenizer())
+        return {
+            c: {r.ttft_target_s for r in built if r.cls == c} for c in ("foreground", "background")
+        }
+
+    assert targets(base()) == {"foreground": {1.0}, "background": {None}}
+    data = base()
+    data["streams"]["assistant"]["ttft_target_s"] = 0.5
+    data["streams"]["indexer"]["ttft_target_s"] = 30
+    assert targets(data) == {"foreground": {0.5}, "background": {30}}
+    data["streams"]["assistant"]["ttft_target_s"] = None
+    assert targets(data)["foreground"] == {None}
+    data["streams"]["assistant"]["ttft_target_s"] = 0
+    with pytest.raises(UserError, match="ttft_target_s"):
+        load_workload(write(tmp_path, data))
+
+
 def test_arrivals_are_seeded_and_shaped():
     p = PoissonArrivals(process="poisson", rate_per_s=2.0, count=2000, start_s=1.0)
     a = times(p, np.random.default_rng(1))
@@ -144,3 +166,22 @@ def test_phased_arrivals_follow_each_phase_rate():
     first = sum(t < 1005.0 for t in a)
     second = len(a) - first
     assert first == pytest.approx(200, rel=0.2) and second == pytest.approx(4000, rel=0.1)
+
+
+@pytest.mark.parametrize(
+    "name", ["assistant_plus_indexer", "chat_only", "ppas_bursty", "indexer_folder"]
+)
+def test_expected_work_is_what_the_workload_builds(name):
+    """The backend picks settings for a run from this estimate, made before the model
+    loads: it must be close to what the run then does."""
+    from edgeprefill.backends.sim import SimTokenizer
+    from edgeprefill.runtime.traffic.build import build_requests
+    from edgeprefill.runtime.traffic.expected import expected_work
+
+    spec = load_workload(DEFAULT.parent / f"{name}.yaml")
+    work = expected_work(spec)
+    built = build_requests(spec, SimTokenizer())
+    assert sum(s.count for s in work.shapes) == pytest.approx(len(built), rel=0.1)
+    # means of the ranges against a few draws; documents are estimated from their size
+    assert work.prompt_tokens == pytest.approx(sum(r.prompt_len for r in built), rel=0.2)
+    assert work.output_tokens == pytest.approx(sum(r.max_tokens for r in built), rel=0.1)

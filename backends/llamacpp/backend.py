@@ -23,6 +23,7 @@ from edgeprefill.backends.llamacpp.tokenizer import LlamaTokenizer
 from edgeprefill.runtime.core.contract import Backend, BackendError, Capacity, SeqWork, StepResult
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.request import SamplingParams
+from edgeprefill.runtime.core.work import ExpectedWork
 
 LLAMA_MAX_SEQ = 256  # llama.h: sequences one context can hold
 
@@ -51,6 +52,9 @@ class LlamaCppConfig:
     flash_attn: bool | None = None
     max_decode_group: int | None = None
     probe_cache: Path | None = None  # None: the user's cache folder
+    # The run's expected work: flash attention and n_ubatch are chosen fastest for it
+    # (None: for prefill, deep chunks and decodes alike, e.g. an assistant not yet used).
+    expected_work: ExpectedWork | None = None
     refresh_probe: bool = False  # measure again even when a cached result exists
 
     def __post_init__(self) -> None:
@@ -121,6 +125,7 @@ class LlamaCppBackend(Backend):
                 n_seq_max=config.n_seq_max,
                 n_batch=config.n_batch,
                 overrides=config.overrides,
+                work=config.expected_work,
             )
             self.ctx = self._stack.enter_context(
                 closing(
@@ -153,6 +158,10 @@ class LlamaCppBackend(Backend):
         self.tokenizer = LlamaTokenizer(self.model)
 
     supports_abort = True
+
+    @property
+    def abort_unit(self) -> int:  # type: ignore[override]
+        return self.settings.n_ubatch
 
     def execute(self, work: Sequence[SeqWork], abort: threading.Event | None = None) -> StepResult:
         """One batch, decoded as groups: the decode tokens (in exact batching at most the
@@ -249,6 +258,7 @@ class LlamaCppBackend(Backend):
             "weights_repacked": self.model.repacked,
             "timing": "perf_counter around synchronous llama_decode",
             "batching": self.settings.describe(),
+            "expected_work": c.expected_work and c.expected_work.describe(),
             "probe": self.probe.describe(),
         }
 

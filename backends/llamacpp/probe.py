@@ -19,7 +19,7 @@ import llama_cpp as lc
 import numpy as np
 
 from edgeprefill.backends.llamacpp.native import LlamaBatch, LlamaContext, LlamaModel
-from edgeprefill.backends.llamacpp.shapes import AttentionFacts
+from edgeprefill.backends.llamacpp.shapes import DEEP_CHUNK, DEEP_DEPTH, AttentionFacts
 from edgeprefill.runtime.core.contract import SeqWork
 from edgeprefill.runtime.core.request import SamplingParams
 
@@ -28,9 +28,8 @@ log = logging.getLogger(__name__)
 GROUPS = 16  # decode groups of up to this many rows are checked and timed
 PIECES = 16  # prompt pieces of 1..PIECES tokens are checked
 PIECE_PROMPT = 4 * PIECES  # the prompt cut as [PIECES, k, k, rest]; the reference is one piece
-PREFILL_PROMPT = 2048  # prompt tokens timed at each micro-batch size (documents are longer)
+PREFILL_PROMPT = DEEP_DEPTH  # prompt tokens timed at each micro-batch size (documents are longer)
 UBATCHES = (128, 256, 512, 2048)
-DEEP_CHUNK = 64  # a chunk beside decodes, timed after the prompt (at depth PREFILL_PROMPT)
 _SAMPLE = SamplingParams()  # marks the rows whose logits are compared
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
+from edgeprefill.runtime.core.work import ExpectedWork
+
 Mode = Literal["exact", "fast"]
 Batching = Literal["auto", "exact", "fast"]
 
@@ -24,6 +26,9 @@ EXACT_COST_LIMIT = 0.03
 # A piece rule needs this many passing sizes in a row to count as measured, so that one
 # lucky size (rounding can agree by chance) does not become a rule.
 MIN_PASSING_PIECES = 3
+# The probe times a chunk beside decodes, DEEP_CHUNK tokens DEEP_DEPTH into its sequence.
+DEEP_DEPTH = 2048
+DEEP_CHUNK = 64
 
 
 @dataclass(frozen=True)
@@ -145,6 +150,24 @@ def _costs(f: AttentionFacts, group: int | None, n: int, n_batch: int) -> list[f
     return [1.0 / rate, f.deep_chunk_s, f.decode_time(n, group)]
 
 
+def _run_seconds(
+    f: AttentionFacts, group: int | None, n: int, n_batch: int, work: ExpectedWork
+) -> float:
+    """The expected work's compute time with these facts: prompt tokens up to DEEP_DEPTH at
+    the prefill rate, beyond it at the deep chunk's cost per token, outputs at the cost per
+    row of passes of n rows."""
+    shallow, deep, rows = _costs(f, group, n, n_batch)
+    return sum(
+        s.count
+        * (
+            min(s.prompt_tokens, DEEP_DEPTH) * shallow
+            + max(s.prompt_tokens - DEEP_DEPTH, 0.0) * deep / DEEP_CHUNK
+            + s.output_tokens * rows / n
+        )
+        for s in work.shapes
+    )
+
+
 def choose_settings(
     facts: list[AttentionFacts],
     batching: Batching,
@@ -152,12 +175,15 @@ def choose_settings(
     n_seq_max: int,
     n_batch: int,
     overrides: Overrides | None = None,
+    work: ExpectedWork | None = None,
 ) -> BatchSettings:
-    """Fast: the flash-attention setting and micro-batch that prefill, compute a chunk deep
-    in a document and decode `n_seq_max` rows fastest, every decode in one pass. Exact: the
-    fastest setting whose shapes the probe found bit-identical, decode groups and prompt
-    pieces restricted to those shapes. Auto: exact where that is at most 3% slower at each
-    of the three, else fast."""
+    """Fast: the flash-attention setting and micro-batch that compute the run's expected
+    `work` fastest, every decode in one pass; with no work given, the one that prefills,
+    computes a chunk deep in a document and decodes `n_seq_max` rows fastest, the three
+    weighed alike. Exact: the fastest setting whose shapes the probe found bit-identical,
+    decode groups and prompt pieces restricted to those shapes. Auto: exact where that is
+    at most 3% slower at each of the three (a property of the CPU, not of one run), else
+    fast."""
     o = overrides or Overrides()
     n = max(1, n_seq_max)
     bests = [min(c) for c in zip(*(_costs(f, None, n, n_batch) for f in facts), strict=True)]
@@ -165,11 +191,15 @@ def choose_settings(
     def slowdowns(f: AttentionFacts, group: int | None) -> list[float]:
         return [c / b for c, b in zip(_costs(f, group, n, n_batch), bests, strict=True)]
 
-    # The three weigh equally, each as a slowdown against the best measured of it.
-    fast = min(facts, key=lambda f: sum(slowdowns(f, None)))
+    def score(f: AttentionFacts, group: int | None) -> float:
+        if work is None or not work.shapes:
+            return sum(slowdowns(f, group))
+        return _run_seconds(f, group, n, n_batch, work)
+
+    fast = min(facts, key=lambda f: score(f, None))
     exact = min(
         (f for f in facts if f.exact),
-        key=lambda f: sum(slowdowns(f, f.max_decode_group)),
+        key=lambda f: score(f, f.max_decode_group),
         default=None,
     )
     cost = None
@@ -198,6 +228,11 @@ def choose_settings(
     detail = (
         f"flash attention {'on' if settings.flash_attn else 'off'}, n_ubatch {settings.n_ubatch}"
     )
+    if work is not None and work.shapes:
+        detail += (
+            f" (fastest for the run's expected {work.prompt_tokens:,.0f} prompt and "
+            f"{work.output_tokens:,.0f} output tokens)"
+        )
     if mode == "exact" and inexact:
         detail += f"; not exact: {inexact}"
     return replace(settings, reason=f"{mode} batching: {why}; {detail}", exact_cost=cost)

@@ -105,6 +105,8 @@ class VllmEngine:
             req.fail(f"vLLM refused the request: {e}")
             return False
         req.status = Status.PREFILL
+        if req.ttft_target_s is not None:
+            self.scheduler.ep_ttft_targets[internal] = req.ttft_target_s
         self._live[req.id] = req
         self._internal[req.id] = internal
         self._external[internal] = req.id
@@ -131,6 +133,7 @@ class VllmEngine:
                 req.finish_reason = "length" if reason == "length" else "stop"
                 req.status = Status.FINISHED
                 del self._live[req.id]
+                self.scheduler.ep_ttft_targets.pop(self._internal[req.id], None)
                 finished.append(req)
         iterations = [
             Iteration(
@@ -171,6 +174,7 @@ class VllmEngine:
 
     def _end(self, req: Request, reason: str) -> None:
         internal = self._internal[req.id]
+        self.scheduler.ep_ttft_targets.pop(internal, None)
         held = self.scheduler.requests.get(internal)
         if held is not None:
             req.num_computed = min(held.num_computed_tokens, req.prompt_len)

@@ -78,6 +78,8 @@ class BudgetMixin:
         self._ep_defer: tuple[str, ...] = ()  # background decodes this step leaves out
         self._ep_fg_floor = 0  # prompt tokens the first waiting chat gets, budget or not
         self._ep_deferred_run = 0
+        # The engine's requests' first-token targets, by vLLM's request id.
+        self.ep_ttft_targets: dict[str, float] = getattr(self, "ep_ttft_targets", {})
 
     # --- before the step --------------------------------------------------------------
     def _ep_state(self) -> SchedState:
@@ -107,6 +109,7 @@ class BudgetMixin:
             foreground_prompt_pos=chat.num_computed_tokens if chat is not None else 0,
             # vLLM stamps arrival_time with the wall clock when a request is added.
             foreground_waited_s=max(time.time() - chat.arrival_time, 0.0) if chat else 0.0,
+            foreground_ttft_target_s=self.ep_ttft_targets.get(chat.request_id) if chat else None,
         )
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
@@ -137,10 +140,9 @@ class BudgetMixin:
     def _ep_deferred(self, state: SchedState) -> tuple[str, ...]:
         """The background decodes to leave out of this step, if the policy asks (never
         more than MAX_DEFERRED steps in a row, as on llama.cpp)."""
-        ask = (  # only ever for a chat's sake, as on llama.cpp
-            state.n_decode_foreground > 0
-            and state.n_decode_background > 0
-            and self.ep_policy.defer_background_decodes(state)
+        ask = state.n_decode_background > 0 and (  # only ever for a chat's sake, as on llama.cpp
+            (self.ep_policy.caps and self._ep_chat_prompt_ready())
+            or (state.n_decode_foreground > 0 and self.ep_policy.defer_background_decodes(state))
         )
         if not ask or self._ep_deferred_run >= MAX_DEFERRED:
             self._ep_deferred_run = 0
@@ -150,6 +152,16 @@ class BudgetMixin:
             r.request_id
             for r in self.running  # type: ignore[attr-defined]
             if _left(r) == 0 and class_of(r.priority) == "background"
+        )
+
+    def _ep_chat_prompt_ready(self) -> bool:
+        """A chat's prompt can be computed this step (started, or admissible now)."""
+        running = self.running  # type: ignore[attr-defined]
+        if any(_left(r) and class_of(r.priority) == "foreground" for r in running):
+            return True
+        return any(
+            class_of(r.priority) == "foreground" and self._ep_can_admit(r)
+            for r in self.waiting  # type: ignore[attr-defined]
         )
 
     def _ep_foreground_first(self, budget: int | None, n_decode: int) -> int | None:

@@ -84,4 +84,24 @@ def class_summary(records: Iterable[Mapping[str, Any]], duration_s: float) -> di
     )
     out["makespan_s"] = span
     out["span_prefill_tok_s"] = input_tokens / span if span else None
+    out["ttft_attainment"] = ttft_attainment(recs)
     return out
+
+
+def ttft_attainment(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Of the requests with a TTFT target, how many had their first token in time (a
+    request that failed or never produced a token missed it). None: no targets."""
+    targeted = [r for r in records if r.get("ttft_target_s") is not None]
+    if not targeted:
+        return None
+    met = sum(
+        bool(r["token_times_s"]) and r["token_times_s"][0] - r["arrival_s"] <= r["ttft_target_s"]
+        for r in targeted
+    )
+    targets = sorted({r["ttft_target_s"] for r in targeted})
+    return {
+        "targets_s": targets,
+        "requests": len(targeted),
+        "met": met,
+        "rate": met / len(targeted),
+    }

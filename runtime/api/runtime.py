@@ -20,16 +20,22 @@ import queue
 import threading
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from edgeprefill.runtime.api.handle import RequestHandle
 from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.contract import Backend
 from edgeprefill.runtime.core.engine import Engine
 from edgeprefill.runtime.core.profile import DeviceProfile
-from edgeprefill.runtime.core.request import Request, RequestClass, SamplingParams
+from edgeprefill.runtime.core.request import (
+    DEFAULT_TTFT_TARGET_S,
+    Request,
+    RequestClass,
+    SamplingParams,
+)
 from edgeprefill.runtime.core.scheduler import BackgroundLimits
-from edgeprefill.runtime.policies import parse_policy
+from edgeprefill.runtime.policies import DEFAULT_POLICY, parse_policy
+from edgeprefill.runtime.runner.calibration import probe_device
 from edgeprefill.runtime.runner.results import RunWriter
 
 log = logging.getLogger(__name__)
@@ -43,16 +49,20 @@ class Runtime:
     def __init__(
         self,
         backend: Backend,
-        policy: BudgetPolicy | str = "static:64",
+        policy: BudgetPolicy | str = DEFAULT_POLICY,
         *,
-        profile: DeviceProfile | None = None,
+        profile: DeviceProfile | Literal["probe"] | None = "probe",
         limits: BackgroundLimits | None = None,
         results: Path | None = None,
     ) -> None:
-        """`results`: a folder that gets `requests.jsonl` and `iterations.jsonl` as the
-        run goes and `summary.json` at shutdown, as `edgeprefill run` writes them."""
+        """`profile`: the device profile a policy takes its defaults from ("probe": measured
+        now, a few seconds, where the policy needs one). `results`: a folder that gets
+        `requests.jsonl` and `iterations.jsonl` as the run goes and `summary.json` at
+        shutdown, as `edgeprefill run` writes them."""
         self.backend = backend
         self.policy = parse_policy(policy) if isinstance(policy, str) else policy
+        if profile == "probe":
+            profile = probe_device(backend) if self.policy.required else None
         self.engine = Engine(backend, self.policy, limits=limits, profile=profile)
         self._writer = RunWriter(results) if results is not None else None
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
@@ -73,8 +83,11 @@ class Runtime:
         sampling: SamplingParams | None = None,
         ignore_eos: bool = False,
         request_id: str | None = None,
+        ttft_target_s: float | Literal["class"] | None = "class",
     ) -> RequestHandle:
-        """Queue prompt token ids; the returned handle streams the answer."""
+        """Queue prompt token ids; the returned handle streams the answer. `ttft_target_s`:
+        seconds from now to the first token wanted ("class": the class's default, 1 s for
+        foreground, none for background; None: no target)."""
         if self._closed:
             raise RuntimeError("the runtime was shut down: create a new one to submit")
         with self._ids_lock:
@@ -87,6 +100,7 @@ class Runtime:
             max_tokens,
             sampling=sampling or SamplingParams(),
             ignore_eos=ignore_eos,
+            ttft_target_s=DEFAULT_TTFT_TARGET_S[cls] if ttft_target_s == "class" else ttft_target_s,
         )
         handle = RequestHandle(req, self.backend.tokenizer.piece, lambda: self._cancel(req))
         self._commands.put(("add", handle))

@@ -68,6 +68,11 @@ def format_summary(s: dict[str, Any]) -> str:
                 lines.append(
                     f"{name + ' ' + label + ' (ms):':<34}{_fmt(c[f'{stat}_{key}_ms']):>22}"
                 )
+        att = c.get("ttft_attainment")
+        if att is not None:
+            within = "/".join(f"{t:g}" for t in att["targets_s"])
+            label = f"TTFT within target ({within} s):"
+            lines.append(f"{label:<34}{att['met']:>10} / {att['requests']:<9}")
         lines.append(
             f"{'Input / output tokens:':<34}{c['input_tokens']:>10} / {c['output_tokens']:<9}"
         )

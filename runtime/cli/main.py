@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from edgeprefill.runtime.core.errors import UserError
+from edgeprefill.runtime.policies import DEFAULT_POLICY
 from edgeprefill.runtime.runner.device import open_device, run_options
 
 
@@ -215,7 +216,7 @@ def device_options(batching: str = "auto") -> Callable[[Callable[..., Any]], Cal
 @click.option(
     "--policy",
     "policy_spec",
-    default="static:64",
+    default=DEFAULT_POLICY,
     show_default=True,
     help="prefill budget policy: static:N, unlimited, ppas[:nth=,bmax=,bcap=], "
     "dlfp[:target_ms=,...], cadence[:itl_ms=,tail_pct=]",
@@ -233,6 +234,7 @@ def run(workload: Path, policy_spec: str, out: Path | None, seed: int | None, **
     from edgeprefill.runtime.cli.console import format_summary
     from edgeprefill.runtime.policies import parse_policy
     from edgeprefill.runtime.runner.session import run_workload
+    from edgeprefill.runtime.traffic.expected import expected_work
     from edgeprefill.runtime.traffic.workload import load_workload
 
     spec = load_workload(workload)
@@ -241,7 +243,7 @@ def run(workload: Path, policy_spec: str, out: Path | None, seed: int | None, **
         stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
         out = Path("results") / f"{spec.name}-{policy_spec.replace(':', '_')}-{stamp}"
     options = run_options(o)  # bad values fail before the model loads
-    with open_device(o) as (make_backend, profile):
+    with open_device(o, expected_work(spec)) as (make_backend, profile):
         result = run_workload(
             spec,
             workload,
@@ -321,6 +323,7 @@ def compare(
 
     from edgeprefill.runtime.analysis.compare import format_report
     from edgeprefill.runtime.runner.comparison import run_comparison
+    from edgeprefill.runtime.traffic.expected import expected_work
     from edgeprefill.runtime.traffic.workload import load_workload
 
     spec = load_workload(workload)
@@ -328,7 +331,7 @@ def compare(
     if out is None:
         out = Path("results") / f"compare-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     options = run_options(o)
-    with open_device(o) as (make_backend, profile):
+    with open_device(o, expected_work(spec)) as (make_backend, profile):
         report, checks = run_comparison(
             spec,
             workload,
@@ -376,6 +379,7 @@ def sweep(
 
     from edgeprefill.runtime.analysis.compare import format_sweep
     from edgeprefill.runtime.runner.comparison import run_sweep
+    from edgeprefill.runtime.traffic.expected import expected_work
     from edgeprefill.runtime.traffic.workload import load_workload
 
     spec = load_workload(workload)
@@ -388,7 +392,7 @@ def sweep(
     names, bases = _policy_lists(policies, baselines)
     out = out or Path("results") / f"sweep-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     options = run_options(o, progress=False)
-    with open_device(o) as (make_backend, profile):
+    with open_device(o, expected_work(spec)) as (make_backend, profile):
         report = run_sweep(
             spec,
             workload,

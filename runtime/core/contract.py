@@ -139,8 +139,12 @@ class Backend(Closeable, ABC):
     # then stamp every time with that clock instead of the wall clock.
     clock: Any = None
 
-    # Whether `execute` can stop part-way when its `abort` flag is set.
+    # Whether `execute` can stop part-way when its `abort` flag is set, and the prompt
+    # tokens it computes as one unit (llama.cpp's micro-batch): an iteration it may not stop
+    # (one with decodes) is kept to about this much background prompt work, so a chat that
+    # arrives meanwhile waits for one unit, not a whole batch.
     supports_abort: bool = False
+    abort_unit: int | None = None
 
     @abstractmethod
     def execute(self, work: Sequence[SeqWork], abort: threading.Event | None = None) -> StepResult:

@@ -195,16 +195,31 @@ class Engine:
         """Run one iteration; None when nothing could be scheduled."""
         t_start = self.clock.now()
         state = self.scheduler.state(self.last, t_start)
-        defer = (  # only ever for a chat's sake: never an iteration left empty by it
-            state.n_decode_foreground > 0
-            and state.n_decode_background > 0
-            and self.policy.defer_background_decodes(state)
+        # Documents' decodes wait, only ever for a chat's sake (never leaving an iteration
+        # empty): while a chat's prompt computes (its first token waits for every row
+        # beside it, ~30 ms each on a small model), or when the policy says the chats'
+        # tokens would be late with them.
+        defer = state.n_decode_background > 0 and (
+            (state.foreground_prompt_left > 0 and self.policy.caps)
+            or (state.n_decode_foreground > 0 and self.policy.defer_background_decodes(state))
         )
         budget = self.policy.budget(state.without_background_decodes() if defer else state)
         background_cap = None
         if self.guard is not None:
             self.guard.update()
             background_cap = self.guard.background_cap(budget, self.backend.capacity.n_batch)
+        unit = self.backend.abort_unit
+        if (
+            unit
+            and self.policy.caps
+            and state.n_decode_background
+            and not state.n_decode_foreground
+            and not defer
+        ):
+            # Documents' decodes make an iteration unstoppable for a chat's arrival: keep
+            # the document prompt work beside them to one unit (~0.3 s here, not ~2.5 s).
+            # (Beside a chat's decodes the policy's budget decides.)
+            background_cap = unit if background_cap is None else min(background_cap, unit)
         floor = self.policy.foreground_chunk(state) if state.foreground_prompt_left else None
         plan = self.scheduler.plan(budget, background_cap, defer, floor, self.policy.caps)
         if plan.empty:

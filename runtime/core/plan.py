@@ -52,6 +52,7 @@ class SchedState:
     foreground_prompt_left: int = 0
     foreground_prompt_pos: int = 0
     foreground_waited_s: float = 0.0
+    foreground_ttft_target_s: float | None = None  # that request's own target
 
     @property
     def n_decode_background(self) -> int:

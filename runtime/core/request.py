@@ -11,6 +11,9 @@ from typing import Any, Literal
 
 RequestClass = Literal["foreground", "background"]
 CLASSES: tuple[RequestClass, ...] = ("foreground", "background")
+# A chat's first token is wanted within a second of its arrival (a person waits for it);
+# background requests have no first-token target. Workloads and callers may set their own.
+DEFAULT_TTFT_TARGET_S: dict[RequestClass, float | None] = {"foreground": 1.0, "background": None}
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class Request:
     after: str | None = None  # closed loop: arrives `think_s` after this request finished
     think_s: float = 0.0
     source: str | None = None  # where the prompt came from (a document piece)
+    ttft_target_s: float | None = None  # first token wanted this soon after arrival
 
     status: Status = Status.WAITING
     seq_id: int | None = None
@@ -98,4 +102,5 @@ class Request:
             "error": self.error,
             **({"after": self.after, "think_s": self.think_s} if self.after else {}),
             **({"source": self.source} if self.source else {}),
+            **({"ttft_target_s": self.ttft_target_s} if self.ttft_target_s is not None else {}),
         }

@@ -137,6 +137,7 @@ class Scheduler:
             foreground_prompt_left=chat.remaining_prompt if chat is not None else 0,
             foreground_prompt_pos=chat.num_computed if chat is not None else 0,
             foreground_waited_s=max(now_s - chat.arrival_s, 0.0) if chat is not None else 0.0,
+            foreground_ttft_target_s=chat.ttft_target_s if chat is not None else None,
         )
 
     def plan(

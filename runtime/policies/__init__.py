@@ -12,8 +12,13 @@ from edgeprefill.runtime.policies.ppas import PPASPolicy
 from edgeprefill.runtime.policies.registry import POLICIES, parse_policy
 from edgeprefill.runtime.policies.static import StaticPolicy, UnlimitedPolicy
 
+# What `edgeprefill run` and `Runtime` use unless told otherwise: the policy RESULTS.md
+# shows best on this project's workloads (section D), with its targets from the device.
+DEFAULT_POLICY = "cadence"
+
 __all__ = [
     "POLICIES",
+    "DEFAULT_POLICY",
     "BudgetPolicy",
     "CadencePolicy",
     "DLFPPolicy",

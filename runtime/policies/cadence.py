@@ -58,7 +58,8 @@ class CadencePolicy(BudgetPolicy):
     min_tokens: int | None = None  # floor while chatting, so documents still progress
     tail_pct: float = 99.0  # share of foreground token gaps (%) to keep under itl_ms
     # A chat's first-token target: its prompt gets the chunks that meet it, whatever the
-    # ongoing chats' ITL costs for those iterations (None: the ITL budget alone).
+    # ongoing chats' ITL costs for those iterations (None: each request's own target, 1 s
+    # for a chat unless its workload or caller says otherwise).
     ttft_ms: float | None = None
     _model: CostModel | None = field(default=None, init=False, repr=False)
     _anchor: list[IterationTiming] = field(default_factory=list, init=False, repr=False)
@@ -92,13 +93,16 @@ class CadencePolicy(BudgetPolicy):
     def foreground_chunk(self, state: SchedState) -> int | None:
         """FlowPrefill's slack idea on a CPU: the smallest chunk for the waiting chat's
         prompt such that its remaining iterations, each the decodes' cost plus the chunk's,
-        fit in the time left to `ttft_ms`; all of it at once when none is left."""
-        if self.ttft_ms is None or self._model is None:
+        fit in the time left to its TTFT target; all of it at once when none is left."""
+        target = state.foreground_ttft_target_s if self.ttft_ms is None else self.ttft_ms / 1000
+        if target is None or self._model is None:
             return None
         m, left = self._model, state.foreground_prompt_left
-        slack = self.ttft_ms / 1000 - state.foreground_waited_s
+        slack = target - state.foreground_waited_s
         base = m.predict(state.n_decode, 0, 1, state.decode_ctx)  # + the last row: small
         per_token = m.per_prefill_s + m.per_kctx_s * (state.foreground_prompt_pos + left / 2) / 1000
+        if base <= 0:  # a model fitted with no cost per iteration: nothing to spread
+            return None
         room = slack - per_token * left  # what passes and decodes may take, all iterations
         iterations = math.floor(room / base)  # the most it can be spread over
         if iterations <= 1:

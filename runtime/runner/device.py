@@ -11,11 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from edgeprefill.runtime.core.errors import UserError
+from edgeprefill.runtime.core.work import ExpectedWork
 
 
 @contextmanager
-def open_device(o: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
-    """The backend the options name, and the device profile policies default from."""
+def open_device(o: dict[str, Any], work: ExpectedWork | None = None) -> Iterator[tuple[Any, Any]]:
+    """The backend the options name, set up for the `work` the command will run, and the
+    device profile policies default from."""
     from edgeprefill.runtime.runner.calibration import load_profile
 
     if o["backend"] == "sim":
@@ -85,6 +87,7 @@ def open_device(o: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
         flash_attn=o["flash_attn"],
         max_decode_group=o["max_decode_group"],
         refresh_probe=o["reprobe"],
+        expected_work=work,
     )
     with LlamaCppBackend(config) as be:
         yield (lambda: be), _profile(o["calibration"], be)

@@ -71,6 +71,7 @@ def build_requests(
                     after=None if a.after is None else f"{name}-{a.after}",
                     think_s=a.think_s,
                     source=source,
+                    ttft_target_s=stream.ttft_target,
                 )
             )
     requests.sort(key=lambda r: r.arrival_s)

@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from edgeprefill.runtime.core.errors import UserError
+from edgeprefill.runtime.core.request import DEFAULT_TTFT_TARGET_S
 
 
 class _Strict(BaseModel):
@@ -215,14 +216,34 @@ class Stream(_Strict):
     output_tokens: Range
     ignore_eos: bool = False  # generate exactly the drawn output length
     sampling: Sampling = Sampling()
+    # Seconds from arrival to the first token wanted (left out: the class's default, 1 s
+    # for foreground, none for background; null: none). Deadline-aware policies size a
+    # waiting request's prompt chunks by it; the summary reports how many met it.
+    ttft_target_s: float | None = Field(default=None, gt=0)
+
+    @property
+    def ttft_target(self) -> float | None:
+        if "ttft_target_s" in self.model_fields_set:
+            return self.ttft_target_s
+        return DEFAULT_TTFT_TARGET_S[self.cls]
+
+    @property
+    def expected_count(self) -> float:
+        """Requests this stream makes (phased arrivals: on average; documents: unknown
+        until they are split into pieces, 0)."""
+        a = self.arrivals
+        if isinstance(a, ClosedLoopArrivals):
+            return a.users * a.turns
+        if isinstance(a, PhasedArrivals):
+            return sum(p.rate_per_s * p.duration_s for p in a.phases)
+        if isinstance(a, TraceArrivals):
+            return len(a.rows)
+        return a.count or 0
 
     @model_validator(mode="after")
     def _count(self) -> Stream:
         a = self.arrivals
-        expected = {
-            ClosedLoopArrivals: lambda: a.users * a.turns,  # type: ignore[union-attr]
-            PhasedArrivals: lambda: sum(p.rate_per_s * p.duration_s for p in a.phases),  # type: ignore[union-attr]
-        }.get(type(a), lambda: getattr(a, "count", None) or 0)()
+        expected = self.expected_count
         if expected > MAX_REQUESTS:
             raise ValueError(
                 f"this stream would make about {expected:.0f} requests; at most {MAX_REQUESTS:,} "

@@ -1,0 +1,41 @@
+"""A workload's expected work, estimated from its file alone (before any model loads), so
+the backend can choose its once-per-run settings for it (see `core.work`)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from edgeprefill.runtime.core.work import ExpectedWork, RequestShape
+from edgeprefill.runtime.traffic.workload import (
+    DocumentsPrompt,
+    Range,
+    Stream,
+    TraceArrivals,
+    Workload,
+)
+
+BYTES_PER_TOKEN = 4.0  # English text in the tokenizers of the models tried
+
+
+def expected_work(workload: Workload) -> ExpectedWork:
+    return ExpectedWork(tuple(_shape(s) for s in workload.streams.values()))
+
+
+def _mean(r: Range) -> float:
+    return (r.min + r.max) / 2
+
+
+def _shape(stream: Stream) -> RequestShape:
+    a, p = stream.arrivals, stream.prompt
+    output = _mean(stream.output_tokens)
+    if isinstance(p, DocumentsPrompt):
+        tokens = sum(f.stat().st_size for f in p.files) / BYTES_PER_TOKEN
+        pieces = max(1, math.ceil(tokens / p.chunk_tokens))
+        return RequestShape(pieces, tokens / pieces, output)
+    prompt = _mean(p.tokens)
+    if isinstance(a, TraceArrivals) and a.rows:  # a row's own lengths replace the ranges
+        rows = a.rows
+        prompt = statistics.fmean(r.get("prompt_tokens", prompt) for r in rows)
+        output = statistics.fmean(r.get("output_tokens", output) for r in rows)
+    return RequestShape(stream.expected_count, prompt, output)
