@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from edgeprefill.backends.cache import CACHE_ENV
+from edgeprefill.backends.cache import CACHE_ENV, KV_CACHE_ENV
 from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
 from edgeprefill.backends.llamacpp.model_file import default_model_path
 from edgeprefill.runtime.core.engine import Engine, Iteration
@@ -24,6 +24,15 @@ def probe_cache(tmp_path_factory) -> Path:
         os.environ.pop(CACHE_ENV, None)
     else:
         os.environ[CACHE_ENV] = old
+
+
+@pytest.fixture(autouse=True)
+def kv_cache_folder(tmp_path, monkeypatch) -> Path:
+    """Each test its own folder of saved prompt prefixes: documents one test indexed never
+    change what another computes (subprocesses inherit it)."""
+    folder = tmp_path / "kv-states"
+    monkeypatch.setenv(KV_CACHE_ENV, str(folder))
+    return folder
 
 
 @pytest.fixture(scope="session")

@@ -201,6 +201,25 @@ def test_cadence_keeps_its_tail_percentile_under_target_on_a_noisy_device():
     assert means[90.0] > means[99.0] * 1.05
 
 
+def test_one_outlier_cannot_make_cadence_starve_the_documents():
+    """An iteration beside a chat that ran far over the model (a stall of the shared
+    machine) enters the margin; the margin is capped so that prompt work still fits, and
+    the documents keep progressing instead of waiting for the outlier to age out."""
+    p = CadencePolicy(itl_ms=100)
+    p.calibrate(profile())
+    model = p._model
+
+    def mixed(duration: float) -> IterationTiming:
+        return IterationTiming(duration, 1, 20, n_decode_foreground=1, n_chunks=1, ctx_work=600)
+
+    for _ in range(7):
+        p.observe(mixed(model.predict(1, 20, 1, 600)))
+    p.observe(mixed(0.5))  # a 0.5 s stall
+    assert p.margin_s == pytest.approx(0.050)
+    chat = SchedState(1, 0, 1, 1, 2048, decode_ctx=600, next_prefill_left=1000)
+    assert p.budget(chat) > 0
+
+
 def test_cadence_prices_the_end_of_a_prompt():
     # Sampling a row costs as much as eight prompt tokens here (a large vocabulary), and
     # ending a prompt samples its last token and may open a second chunk with its own pass:

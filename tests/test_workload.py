@@ -185,3 +185,33 @@ def test_expected_work_is_what_the_workload_builds(name):
     # means of the ranges against a few draws; documents are estimated from their size
     assert work.prompt_tokens == pytest.approx(sum(r.prompt_len for r in built), rel=0.2)
     assert work.output_tokens == pytest.approx(sum(r.max_tokens for r in built), rel=0.1)
+
+
+def test_questions_about_documents_start_with_the_indexers_exact_tokens(tmp_path):
+    from edgeprefill.backends.sim import SimTokenizer
+    from edgeprefill.runtime.traffic.build import build_requests
+
+    w = load_workload(DEFAULT.parent / "assistant_asks_about_documents.yaml")
+    built = build_requests(w, SimTokenizer())
+    docs = [r for r in built if r.cls == "background"]
+    questions = [r for r in built if r.cls == "foreground"]
+    assert all(d.share_prefix and d.share_prefix < d.prompt_len for d in docs)
+    for i, q in enumerate(sorted(questions, key=lambda r: int(r.id.split("-")[1]))):
+        doc = docs[i % len(docs)]
+        assert q.source == f"about {doc.id}" and q.share_prefix is None
+        assert q.prompt[: doc.share_prefix] == doc.prompt[: doc.share_prefix]
+        assert 20 <= q.prompt_len - doc.share_prefix - 2 <= 60 + 4  # the question, then the end
+    # the documents are the default workload's, token for token
+    default = build_requests(load_workload(DEFAULT), SimTokenizer())
+    assert [d.prompt for d in docs] == [r.prompt for r in default if r.cls == "background"]
+
+
+@pytest.mark.parametrize(
+    "stream, expected",
+    [("nope", "must name another stream"), ("assistant", "must name another stream")],
+)
+def test_a_question_stream_must_name_another_document_stream(tmp_path, stream, expected):
+    data = base()
+    data["streams"]["assistant"]["prompt"] = {"source": "about", "stream": stream, "question": 30}
+    with pytest.raises(UserError, match=expected):
+        load_workload(write(tmp_path, data))

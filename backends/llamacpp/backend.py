@@ -15,11 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import llama_cpp as lc
+
+from edgeprefill.backends.cache import kv_cache_dir
 from edgeprefill.backends.llamacpp.model_file import check_model_file
 from edgeprefill.backends.llamacpp.native import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler
-from edgeprefill.backends.llamacpp.probe_cache import probe
+from edgeprefill.backends.llamacpp.prefix_cache import LlamaPrefixCache
+from edgeprefill.backends.llamacpp.probe_cache import model_identity, probe
 from edgeprefill.backends.llamacpp.shapes import Batching, Overrides, choose_settings
 from edgeprefill.backends.llamacpp.tokenizer import LlamaTokenizer
+from edgeprefill.backends.state_store import StateStore
 from edgeprefill.runtime.core.contract import Backend, BackendError, Capacity, SeqWork, StepResult
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.request import SamplingParams
@@ -55,6 +60,13 @@ class LlamaCppConfig:
     # The run's expected work: flash attention and n_ubatch are chosen fastest for it
     # (None: for prefill, deep chunks and decodes alike, e.g. an assistant not yet used).
     expected_work: ExpectedWork | None = None
+    # Saved prompt prefixes (documents the indexer read, reused by questions about them):
+    # in memory up to kv_cache_ram bytes, then in kv_cache_dir (None: the user's cache
+    # folder) up to kv_cache_disk bytes. kv_cache False: every prompt is computed.
+    kv_cache: bool = True
+    kv_cache_dir: Path | None = None
+    kv_cache_ram: int = 1 << 30
+    kv_cache_disk: int = 4 << 30
     refresh_probe: bool = False  # measure again even when a cached result exists
 
     def __post_init__(self) -> None:
@@ -79,6 +91,10 @@ class LlamaCppConfig:
                 f"got {self.n_seq_max}",
             ),
             (self.n_threads >= 0, f"`n_threads` must not be negative, got {self.n_threads}"),
+            (
+                min(self.kv_cache_ram, self.kv_cache_disk) >= 0,
+                "`kv_cache_ram` and `kv_cache_disk` must not be negative",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -143,6 +159,16 @@ class LlamaCppBackend(Backend):
             )
             self.batch = self._stack.enter_context(closing(LlamaBatch(config.n_batch)))
             self._stack.callback(self._close_samplers)
+            if config.kv_cache:
+                store = StateStore(
+                    self._kv_identity(path),
+                    ram_bytes=config.kv_cache_ram,
+                    disk_bytes=config.kv_cache_disk,
+                    folder=config.kv_cache_dir or kv_cache_dir(),
+                )
+                self.prefix_cache = self._stack.enter_context(
+                    closing(LlamaPrefixCache(self.ctx, store))
+                )
         except BaseException:
             self._stack.close()
             raise
@@ -158,6 +184,22 @@ class LlamaCppBackend(Backend):
         self.tokenizer = LlamaTokenizer(self.model)
 
     supports_abort = True
+    prefix_cache: LlamaPrefixCache | None = None
+
+    def _kv_identity(self, path: Path) -> dict[str, Any]:
+        """What a saved state is valid for: the model file, the llama.cpp build, the KV
+        layout, and the batch shapes it was computed with (an exact run reuses only states
+        computed with the shapes its probe found bit-identical)."""
+        s = self.settings
+        return {
+            "model": model_identity(path),
+            "llama_cpp": lc.__version__,
+            "flash_attn": s.flash_attn,
+            "kv_unified": self.config.kv_unified,
+            "swa_full": False,
+            "exact": s.exact,
+            "pieces": [s.min_chunk, s.chunk_quantum] if s.exact else None,
+        }
 
     @property
     def abort_unit(self) -> int:  # type: ignore[override]

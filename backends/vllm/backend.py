@@ -39,6 +39,9 @@ class VllmSettings:
     tensor_parallel_size: int = 1
     enforce_eager: bool = False  # skip torch.compile / CUDA graphs (fast start, slower steps)
     kv_cache_gib: float | None = None  # None: vLLM's default share of the device memory
+    # vLLM's automatic prefix caching: a prompt that starts with blocks still cached (a
+    # document the indexer read) computes only the rest; hits are reported per request.
+    prefix_caching: bool = False
     seed: int = 0
 
 
@@ -111,7 +114,7 @@ class VllmBackend(Closeable):
             max_num_batched_tokens=settings.n_batch,
             max_num_seqs=settings.n_seq_max,
             enable_chunked_prefill=True,
-            enable_prefix_caching=False,  # every run computes what it is measured on
+            enable_prefix_caching=settings.prefix_caching,
             scheduling_policy="priority",
             dtype=settings.dtype,
             seed=settings.seed,
@@ -143,6 +146,7 @@ class VllmBackend(Closeable):
         self.scheduler = self.llm.engine_core.engine_core.scheduler
         self.timer_clock = self.llm.collective_rpc("edgeprefill_clock")[0]
         self.max_num_batched_tokens = sched.max_num_batched_tokens
+        self.prefix_cache = _VllmPrefixCaching(self.llm) if settings.prefix_caching else None
         self._closed = False
 
     def engine(self, policy: BudgetPolicy, *, guard: Any = None, clock: Any = None) -> VllmEngine:
@@ -178,7 +182,7 @@ class VllmBackend(Closeable):
             "tensor_parallel_size": s.tensor_parallel_size,
             "threads": os.environ.get("OMP_NUM_THREADS"),
             "enforce_eager": s.enforce_eager,
-            "prefix_caching": False,
+            "prefix_caching": s.prefix_caching,
             # Nothing measures vLLM's kernels for batch invariance, so `compare` reports how
             # often outputs agree across policies rather than expecting them equal.
             "batching": {
@@ -193,3 +197,18 @@ class VllmBackend(Closeable):
             return
         self._closed = True
         self.llm.engine_core.shutdown()
+
+
+class _VllmPrefixCaching:
+    """vLLM keeps prefixes itself (in the KV blocks it has not reused yet); a run can only
+    start it empty."""
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+
+    def clear(self) -> None:
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM could not reset its prefix cache (requests still running)")
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "vLLM automatic prefix caching (GPU/CPU KV blocks while they last)"}

@@ -123,6 +123,9 @@ class VllmEngine:
                 continue
             completion = out.outputs[0] if out.outputs else None
             new = list(completion.token_ids) if completion is not None else []
+            cached = getattr(out, "num_cached_tokens", None)
+            if cached and not req.output:  # the prompt tokens vLLM's prefix cache supplied
+                req.prefix_reused_tokens = min(cached, req.prompt_len - 1)
             if new:
                 req.num_computed = req.prompt_len
                 req.status = Status.DECODE

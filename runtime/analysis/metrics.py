@@ -72,6 +72,7 @@ def class_summary(records: Iterable[Mapping[str, Any]], duration_s: float) -> di
     input_tokens = sum(r["prompt_tokens"] for r in done)
     output_tokens = sum(len(r["output_token_ids"]) for r in done)
     out["input_tokens"] = input_tokens
+    out["prefix_reused_tokens"] = sum(r.get("prefix_reused_tokens", 0) for r in done)
     out["output_tokens"] = output_tokens
     out["prefill_tok_s"] = input_tokens / duration_s if duration_s > 0 else None
     out["output_tok_s"] = output_tokens / duration_s if duration_s > 0 else None

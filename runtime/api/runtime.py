@@ -84,10 +84,12 @@ class Runtime:
         ignore_eos: bool = False,
         request_id: str | None = None,
         ttft_target_s: float | Literal["class"] | None = "class",
+        share_prefix: int | None = None,
     ) -> RequestHandle:
         """Queue prompt token ids; the returned handle streams the answer. `ttft_target_s`:
         seconds from now to the first token wanted ("class": the class's default, 1 s for
-        foreground, none for background; None: no target)."""
+        foreground, none for background; None: no target). `share_prefix`: how many of the
+        prompt's first tokens to keep for later prompts that start with them."""
         if self._closed:
             raise RuntimeError("the runtime was shut down: create a new one to submit")
         with self._ids_lock:
@@ -101,6 +103,7 @@ class Runtime:
             sampling=sampling or SamplingParams(),
             ignore_eos=ignore_eos,
             ttft_target_s=DEFAULT_TTFT_TARGET_S[cls] if ttft_target_s == "class" else ttft_target_s,
+            share_prefix=share_prefix,
         )
         handle = RequestHandle(req, self.backend.tokenizer.piece, lambda: self._cancel(req))
         self._commands.put(("add", handle))
@@ -123,12 +126,46 @@ class Runtime:
         max_tokens: int = 64,
         **kw: Any,
     ) -> RequestHandle:
-        """A background request that reads a document (text or token ids) and answers
-        `instruction` about it, for an indexer's summaries or tags."""
-        if isinstance(document, str):
-            content = f"{document}\n\n{instruction}" if instruction else document
-            document = self._prompt([{"role": "user", "content": content}])
-        return self.submit(document, max_tokens=max_tokens, cls="background", **kw)
+        """A background request that reads a document (text or token ids) and answers `instruction` about it,
+        for an indexer's summaries or tags. The document's KV state is kept where the
+        backend keeps prefixes: `ask(handle, question)` then computes only the question."""
+        doc, instr, tail = self._user_turn(document, instruction)
+        return self.submit(
+            doc + instr + tail, max_tokens=max_tokens, cls="background", share_prefix=len(doc), **kw
+        )
+
+    def ask(
+        self, document: RequestHandle, question: str, *, max_tokens: int = 256, **kw: Any
+    ) -> RequestHandle:
+        """A foreground answer to `question` about a document given to `index` earlier: the
+        prompt is that document in the same template, then the question, so it starts with
+        the tokens the indexer kept (their state is restored, not computed again, once the
+        indexer has read them; before that, the document is computed as part of this)."""
+        kept = document.request.share_prefix
+        if kept is None:
+            raise ValueError("ask() takes a handle returned by index()")
+        _, question_ids, tail = self._user_turn("", question)
+        prompt = document.request.prompt[:kept] + question_ids + tail
+        return self.submit(prompt, max_tokens=max_tokens, **kw)
+
+    def _user_turn(
+        self, document: str | list[int], instruction: str
+    ) -> tuple[list[int], list[int], list[int]]:
+        """(chat prefix + document, "\n\n" + instruction, chat suffix) as token ids, built
+        piece by piece so that every prompt about one document starts with the same ids."""
+        tok = self.backend.tokenizer
+        before, after = tok.chat_parts(None)
+        head = tok.encode(before, add_bos=True, special=True)
+        body = (
+            tok.encode(document, add_bos=False, special=False)
+            if isinstance(document, str)
+            else list(document)
+        )
+        extra = (
+            tok.encode("\n\n" + instruction, add_bos=False, special=False) if instruction else []
+        )
+        tail = tok.encode(after, add_bos=False, special=True)
+        return head + body, extra, tail
 
     def _prompt(self, messages: list[dict[str, str]] | list[int]) -> list[int]:
         if all(isinstance(m, int) for m in messages):

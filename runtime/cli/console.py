@@ -76,6 +76,10 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(
             f"{'Input / output tokens:':<34}{c['input_tokens']:>10} / {c['output_tokens']:<9}"
         )
+        if c.get("prefix_reused_tokens"):
+            lines.append(
+                f"{'Input tokens restored, not computed:':<34}{c['prefix_reused_tokens']:>10}"
+            )
         lines.append(f"{'Prefill throughput (tok/s):':<34}{_fmt(c['prefill_tok_s']):>22}")
         lines.append(f"{'Output throughput (tok/s):':<34}{_fmt(c['output_tok_s']):>22}")
     lines += _energy_lines(s.get("energy"))

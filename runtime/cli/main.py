@@ -26,6 +26,25 @@ def cli() -> None:
     """Interleave foreground chat and background document prefill on one local model."""
 
 
+class _Size(click.ParamType):
+    """A size in bytes: 512MiB, 2GiB, 1.5G (binary units), or a plain number of bytes."""
+
+    name = "SIZE"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        if isinstance(value, int):
+            return value
+        import humanfriendly
+
+        try:
+            return int(humanfriendly.parse_size(str(value), binary=True))
+        except humanfriendly.InvalidSize:
+            self.fail(f"{value!r} is not a size: write it as 512MiB, 2GiB or bytes", param, ctx)
+
+
+SIZE = _Size()
+
+
 def device_options(batching: str = "auto") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """The backend and device options `run`, `compare` and `sweep` share; `batching` is
     the command's default batching mode."""
@@ -63,6 +82,33 @@ def device_options(batching: str = "auto") -> Callable[[Callable[..., Any]], Cal
             default=False,
             show_default=True,
             help="vllm: skip torch.compile and CUDA graphs (starts in seconds, steps slower)",
+        ),
+        click.option(
+            "--kv-cache/--no-kv-cache",
+            default=True,
+            show_default=True,
+            help="llamacpp: keep documents' KV state once read (in memory, then on disk) and "
+            "restore it for prompts that start with them",
+        ),
+        click.option(
+            "--kv-cache-dir",
+            type=click.Path(path_type=Path),
+            default=None,
+            help="llamacpp: folder for saved KV states [default: the user's cache folder]",
+        ),
+        click.option(
+            "--kv-cache-ram",
+            type=SIZE,
+            default="1GiB",
+            show_default=True,
+            help="llamacpp: memory for saved KV states (e.g. 512MiB, 2GiB)",
+        ),
+        click.option(
+            "--kv-cache-disk",
+            type=SIZE,
+            default="4GiB",
+            show_default=True,
+            help="llamacpp: disk for saved KV states, least recently used deleted first",
         ),
         click.option(
             "--kv-cache-gib",

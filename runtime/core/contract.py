@@ -127,6 +127,27 @@ class StepResult:
         return self.kept is not None
 
 
+class PrefixCache(Protocol):
+    """Keeps the KV state of computed prompt prefixes for later requests: what the indexer
+    computed for a document is reused when a chat asks about it."""
+
+    def save(self, seq_id: int, tokens: Sequence[int]) -> None:
+        """Keep the state of `seq_id`, which holds exactly `tokens` (positions 0..n-1)."""
+        ...
+
+    def restore(self, seq_id: int, prompt: Sequence[int]) -> int:
+        """Put the longest kept prefix of `prompt` (shorter than it) into the empty
+        sequence `seq_id`; the number of tokens restored (0: none, the sequence stays
+        empty)."""
+        ...
+
+    def clear(self) -> None:
+        """Forget every kept prefix (a replay that must start from nothing)."""
+        ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
 class BackendError(RuntimeError):
     """The device refused an iteration; the requests in it fail, the run goes on."""
 
@@ -145,6 +166,8 @@ class Backend(Closeable, ABC):
     # arrives meanwhile waits for one unit, not a whole batch.
     supports_abort: bool = False
     abort_unit: int | None = None
+    # Saved prompt prefixes (None: every prompt is computed from its first token).
+    prefix_cache: PrefixCache | None = None
 
     @abstractmethod
     def execute(self, work: Sequence[SeqWork], abort: threading.Event | None = None) -> StepResult:

@@ -165,6 +165,7 @@ class Engine:
             is_eog=backend.tokenizer.is_eog,
             release=backend.release,
             limits=limits,
+            restore=self._restore if backend.prefix_cache is not None else None,
         )
         self.last: IterationTiming | None = None
         self._device_done: float | None = None  # when the last device call returned
@@ -252,7 +253,29 @@ class Engine:
         seq_to_id = {r.seq_id: r.id for r in self.scheduler.running}
         sampled = {seq_to_id[seq]: token for seq, token in result.sampled.items()}
         finished = self.scheduler.update(plan, result.sampled, self.clock.now())
+        self._save_prefixes(plan)
         return Iteration(t_start, plan, timing, by_class, self._state(), finished, sampled)
+
+    def _restore(self, req: Request) -> None:
+        """Fill a just-admitted request's sequence from the longest saved prefix of its
+        prompt: those tokens count as computed, and the budget is spent on the rest."""
+        cache = self.backend.prefix_cache
+        assert cache is not None and req.seq_id is not None
+        t0 = time.perf_counter()
+        n = cache.restore(req.seq_id, req.prompt)
+        if n:
+            req.num_computed = req.prefix_reused_tokens = n
+            req.restore_s = time.perf_counter() - t0
+
+    def _save_prefixes(self, plan: Plan) -> None:
+        """Save what requests' shareable prefixes this iteration completed (a copy of the
+        sequence's KV state; the disk write happens off this thread)."""
+        cache = self.backend.prefix_cache
+        if cache is None:
+            return
+        for req in self.scheduler.saves_due(plan):
+            assert req.seq_id is not None
+            cache.save(req.seq_id, req.prompt[: req.num_computed])
 
     def _state(self) -> dict[str, Any]:
         """The policy's (and thermal guard's) state after an iteration, for its record."""
@@ -279,6 +302,7 @@ class Engine:
         kept = {seq_to_id[w.seq_id]: kept_by_seq.get(w.seq_id, 0) for w in work}
         done = replace(plan, prefill={rid: n for rid, n in kept.items() if n > 0})
         finished = self.scheduler.update(done, result.sampled, landed)
+        self._save_prefixes(done)
         timing = timing_of(
             [
                 replace(w, tokens=w.tokens[: kept_by_seq.get(w.seq_id, 0)])

@@ -50,6 +50,9 @@ class Request:
     think_s: float = 0.0
     source: str | None = None  # where the prompt came from (a document piece)
     ttft_target_s: float | None = None  # first token wanted this soon after arrival
+    # Prompt tokens worth keeping for later requests (a document before its instruction):
+    # their KV state is saved once computed, where the backend keeps prefixes.
+    share_prefix: int | None = None
 
     status: Status = Status.WAITING
     seq_id: int | None = None
@@ -58,6 +61,8 @@ class Request:
     token_times_s: list[float] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" (end-of-generation token) or "length"
     error: str | None = None
+    prefix_reused_tokens: int = 0  # prompt tokens restored from a saved prefix, not computed
+    restore_s: float | None = None  # how long restoring them took
 
     @property
     def prompt_len(self) -> int:
@@ -94,7 +99,8 @@ class Request:
             "class": self.cls,
             "arrival_s": self.arrival_s,
             "prompt_tokens": self.prompt_len,
-            "prefilled_tokens": self.num_computed,
+            "prefilled_tokens": self.num_computed - self.prefix_reused_tokens,
+            "prefix_reused_tokens": self.prefix_reused_tokens,
             "max_tokens": self.max_tokens,
             "output_token_ids": list(self.output),
             "token_times_s": list(self.token_times_s),
@@ -103,4 +109,5 @@ class Request:
             **({"after": self.after, "think_s": self.think_s} if self.after else {}),
             **({"source": self.source} if self.source else {}),
             **({"ttft_target_s": self.ttft_target_s} if self.ttft_target_s is not None else {}),
+            **({"restore_s": self.restore_s} if self.restore_s is not None else {}),
         }

@@ -68,7 +68,11 @@ class Scheduler:
         is_eog: Callable[[int], bool],
         release: Callable[[int], None],
         limits: BackgroundLimits | None = None,
+        restore: Callable[[Request], None] | None = None,
     ) -> None:
+        """`restore(req)`: called as a request is admitted, with its sequence, to fill it
+        from a saved prefix (it advances `num_computed`). Given, requests' `share_prefix`
+        points are honoured: a chunk ends there so the state can be saved (`saves_due`)."""
         if capacity.n_seq_max > capacity.n_batch:
             raise ValueError(
                 f"n_seq_max ({capacity.n_seq_max}) must not exceed n_batch "
@@ -80,6 +84,7 @@ class Scheduler:
         )
         self._is_eog = is_eog
         self._release = release
+        self._restore = restore
         self.waiting: dict[RequestClass, deque[Request]] = {c: deque() for c in CLASSES}
         self.running: list[Request] = []  # admission order
         self._free_seqs = list(range(capacity.n_seq_max))  # a heap: lowest id first
@@ -179,17 +184,48 @@ class Scheduler:
                 avail, full = min(floor, room - sum(prefill.values())), True
             else:
                 avail, full = left, left == budget_cap
-            n = self._chunk(req.remaining_prompt, avail, full, room) if avail else 0
+            n = self._chunk(self._left(req), avail, full, room) if avail else 0
             if n == 0:
                 continue
             if req.status is Status.WAITING:
                 self._admit(req)
+                if self._restore is not None:
+                    self._restore(req)  # may leave less to compute
+                    n = self._chunk(self._left(req), avail, full, room)
+                    if n == 0:
+                        continue
             prefill[req.id] = n
             by_fg = by_fg or req.cls == "foreground"
             left = max(left - n, 0)
             if req.cls == "background":
                 bg_left -= n
         return Plan(budget, decode, prefill, background_cap, deferred, foreground_floor)
+
+    def save_point(self, req: Request) -> int | None:
+        """Where `req`'s shareable prefix is saved: its `share_prefix` cut down to a piece
+        boundary (a multiple of `chunk_quantum`, no shorter than `min_chunk`), so the
+        chunks before it and after a restore keep their measured shapes. None: not saved."""
+        if self._restore is None or req.share_prefix is None:
+            return None
+        q = self.capacity.chunk_quantum
+        point = min(req.share_prefix, req.prompt_len - 1) // q * q
+        return point if point >= self.capacity.min_chunk else None
+
+    def _left(self, req: Request) -> int:
+        """Prompt tokens the next chunk may take: up to the save point, if one is ahead."""
+        point = self.save_point(req)
+        if point is not None and req.num_computed < point:
+            return point - req.num_computed
+        return req.remaining_prompt
+
+    def saves_due(self, plan: Plan) -> list[Request]:
+        """Requests whose shareable prefix this iteration completed: save them now."""
+        by_id = {r.id: r for r in self.running}
+        return [
+            r
+            for rid in plan.prefill
+            if (r := by_id.get(rid)) is not None and r.num_computed == self.save_point(r)
+        ]
 
     def _chunk(self, remaining: int, left: int, full: bool, room: int) -> int:
         """The largest chunk within `left` that is a multiple of `chunk_quantum`, not

@@ -5,6 +5,7 @@ Both are chosen from the command line's device options (see `cli.device_options`
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -60,6 +61,7 @@ def open_device(o: dict[str, Any], work: ExpectedWork | None = None) -> Iterator
             tensor_parallel_size=o["tensor_parallel_size"],
             enforce_eager=o["enforce_eager"],
             kv_cache_gib=o["kv_cache_gib"],
+            prefix_caching=o["kv_cache"],
         )
         with VllmBackend(settings) as vb:
             yield (lambda: vb), _profile(o["calibration"], vb)
@@ -75,6 +77,13 @@ def open_device(o: dict[str, Any], work: ExpectedWork | None = None) -> Iterator
     from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
     from edgeprefill.backends.llamacpp.model_file import default_model_path
 
+    # A command's saved prefixes live in a folder of its own unless one is named, so one
+    # run never starts from what another left (see RunOptions.fresh_kv_cache).
+    kv_dir = o["kv_cache_dir"]
+    scratch = None
+    if o["kv_cache"] and kv_dir is None:
+        scratch = tempfile.TemporaryDirectory(prefix="kv-", dir=_scratch_parent())
+        kv_dir = Path(scratch.name)
     config = LlamaCppConfig(
         model=o["model"] if o["model"] is not None else default_model_path(),
         n_ctx=o["n_ctx"],
@@ -88,9 +97,29 @@ def open_device(o: dict[str, Any], work: ExpectedWork | None = None) -> Iterator
         max_decode_group=o["max_decode_group"],
         refresh_probe=o["reprobe"],
         expected_work=work,
+        kv_cache=o["kv_cache"],
+        kv_cache_dir=kv_dir,
+        kv_cache_ram=o["kv_cache_ram"],
+        kv_cache_disk=o["kv_cache_disk"],
     )
-    with LlamaCppBackend(config) as be:
-        yield (lambda: be), _profile(o["calibration"], be)
+    try:
+        with LlamaCppBackend(config) as be:
+            yield (lambda: be), _profile(o["calibration"], be)
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
+
+
+def _scratch_parent() -> Path | None:
+    """The user's KV cache folder (on disk, unlike a tmpfs /tmp); else the system's."""
+    from edgeprefill.backends.cache import kv_cache_dir
+
+    folder = kv_cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return folder
 
 
 def _profile(calibration: str, backend: Any) -> Any:
@@ -137,4 +166,5 @@ def run_options(o: dict[str, Any], progress: bool | None = None) -> Any:
         o["progress"] if progress is None else progress,
         telemetry,
         thermal,
+        fresh_kv_cache=o["kv_cache_dir"] is None,
     )

@@ -40,6 +40,9 @@ class RunOptions:
     progress: bool = True
     telemetry: TelemetryConfig | None = field(default_factory=TelemetryConfig)  # None: off
     thermal: ThermalSettings | None = None  # the thermal-/battery-aware background budget
+    # Each run starts with no saved prompt prefixes, so runs of one comparison (and repeated
+    # runs) compute the same work; False: start from what earlier runs kept.
+    fresh_kv_cache: bool = True
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,9 @@ def run_workload(
     policy = parse_policy(policy_spec)
     requests = build_requests(workload, backend.tokenizer, seed)
     engine = _driver(backend, policy, o, profile)
+    cache = getattr(backend, "prefix_cache", None)
+    if cache is not None and o.fresh_kv_cache:
+        cache.clear()
     describe = backend.describe()
     simulated = bool(describe.get("simulated", False))
     if o.thermal is not None and (o.telemetry is None or simulated):
@@ -110,6 +116,7 @@ def run_workload(
             "start_time": started.isoformat(),
             "machine": describe_machine(),
             "calibration": profile.describe() if profile is not None else None,
+            "kv_cache": None if cache is None else cache.describe(),
         }
         summary = writer.summary(meta, outcome.duration_s, outcome.interrupted, outcome.not_arrived)
         summary.update(telemetry)

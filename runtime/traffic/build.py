@@ -14,10 +14,18 @@ import zlib
 import numpy as np
 
 from edgeprefill.runtime.core.contract import Tokenizer
+from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.request import Request, SamplingParams
 from edgeprefill.runtime.traffic.arrivals import arrival_times
 from edgeprefill.runtime.traffic.prompts import PromptBuilder
-from edgeprefill.runtime.traffic.workload import DocumentsPrompt, Range, TraceArrivals, Workload
+from edgeprefill.runtime.traffic.workload import (
+    AboutPrompt,
+    DocumentsPrompt,
+    Range,
+    TextPrompt,
+    TraceArrivals,
+    Workload,
+)
 
 
 def _rng(seed: int, stream: str, purpose: int) -> np.random.Generator:
@@ -32,49 +40,76 @@ def build_requests(
     workload: Workload, tokenizer: Tokenizer, seed: int | None = None
 ) -> list[Request]:
     """All requests of the workload, sorted by arrival time (ties by stream order); a
-    closed-loop turn, which arrives only after its predecessor, sorts last."""
+    closed-loop turn, which arrives only after its predecessor, sorts last. Streams that
+    ask about another stream's documents are built after it."""
     seed = workload.seed if seed is None else seed
     builder = PromptBuilder(tokenizer)
-    requests: list[Request] = []
-    for name, stream in workload.streams.items():
-        docs = (
-            builder.documents(stream.prompt) if isinstance(stream.prompt, DocumentsPrompt) else None
-        )
-        arrivals = arrival_times(stream.arrivals, _rng(seed, name, 0), len(docs) if docs else None)
-        rows = stream.arrivals.rows if isinstance(stream.arrivals, TraceArrivals) else None
-        lengths = _rng(seed, name, 1)
-        text = _rng(seed, name, 2)
-        for i, a in enumerate(arrivals):
-            row = rows[i] if rows else {}
-            source = None
-            if docs:
-                source, prompt = docs[i]
-            else:
-                n_prompt = _draw(stream.prompt.tokens, lengths)  # type: ignore[union-attr]
-                prompt = builder.build(
-                    stream.prompt,  # type: ignore[arg-type]
-                    int(row.get("prompt_tokens", n_prompt)),
-                    text,
-                )
-            n_out = int(row.get("output_tokens", _draw(stream.output_tokens, lengths)))
-            s = stream.sampling
-            sample_seed = s.seed if s.seed is not None else (seed * 1_000_003 + i) & 0xFFFFFFFF
-            requests.append(
-                Request(
-                    id=f"{name}-{i}",
-                    cls=stream.cls,
-                    arrival_s=math.inf if a.t_s is None else a.t_s,
-                    prompt=prompt,
-                    max_tokens=n_out,
-                    sampling=SamplingParams(s.temperature, s.top_p, sample_seed),
-                    ignore_eos=stream.ignore_eos,
-                    after=None if a.after is None else f"{name}-{a.after}",
-                    think_s=a.think_s,
-                    source=source,
-                    ttft_target_s=stream.ttft_target,
-                )
-            )
+    built: dict[str, list[Request]] = {}
+    order = sorted(
+        workload.streams, key=lambda n: isinstance(workload.streams[n].prompt, AboutPrompt)
+    )
+    for name in order:
+        built[name] = _stream(name, workload, builder, seed, built)
+    requests = [r for name in workload.streams for r in built[name]]
     requests.sort(key=lambda r: r.arrival_s)
+    return requests
+
+
+def _stream(
+    name: str,
+    workload: Workload,
+    builder: PromptBuilder,
+    seed: int,
+    built: dict[str, list[Request]],
+) -> list[Request]:
+    stream = workload.streams[name]
+    spec = stream.prompt
+    docs = builder.documents(spec) if isinstance(spec, DocumentsPrompt) else None
+    arrivals = arrival_times(stream.arrivals, _rng(seed, name, 0), len(docs) if docs else None)
+    rows = stream.arrivals.rows if isinstance(stream.arrivals, TraceArrivals) else None
+    lengths = _rng(seed, name, 1)
+    text = _rng(seed, name, 2)
+    shared = None  # prompt tokens after the shareable part (instruction, chat suffix)
+    if isinstance(spec, TextPrompt | DocumentsPrompt) and stream.cls == "background":
+        shared = len(builder.frame(spec)[1])
+    requests = []
+    for i, a in enumerate(arrivals):
+        row = rows[i] if rows else {}
+        source = None
+        if docs:
+            source, prompt = docs[i]
+        elif isinstance(spec, AboutPrompt):
+            about = built[spec.stream]
+            if not about:
+                raise UserError(f"stream {name} asks about stream {spec.stream}, which has none")
+            doc = about[i % len(about)]
+            other = workload.streams[spec.stream].prompt
+            n_question = int(row.get("prompt_tokens", _draw(spec.question, lengths)))
+            prefix = doc.prompt[: doc.share_prefix]
+            prompt = builder.question(prefix, other, n_question, text)  # type: ignore[arg-type]
+            source = f"about {doc.id}"
+        else:
+            n_prompt = _draw(spec.tokens, lengths)  # type: ignore[union-attr]
+            prompt = builder.build(spec, int(row.get("prompt_tokens", n_prompt)), text)  # type: ignore[arg-type]
+        n_out = int(row.get("output_tokens", _draw(stream.output_tokens, lengths)))
+        s = stream.sampling
+        sample_seed = s.seed if s.seed is not None else (seed * 1_000_003 + i) & 0xFFFFFFFF
+        requests.append(
+            Request(
+                id=f"{name}-{i}",
+                cls=stream.cls,
+                arrival_s=math.inf if a.t_s is None else a.t_s,
+                prompt=prompt,
+                max_tokens=n_out,
+                sampling=SamplingParams(s.temperature, s.top_p, sample_seed),
+                ignore_eos=stream.ignore_eos,
+                after=None if a.after is None else f"{name}-{a.after}",
+                think_s=a.think_s,
+                source=source,
+                ttft_target_s=stream.ttft_target,
+                share_prefix=None if shared is None else len(prompt) - shared,
+            )
+        )
     return requests
 
 

@@ -8,6 +8,7 @@ import statistics
 
 from edgeprefill.runtime.core.work import ExpectedWork, RequestShape
 from edgeprefill.runtime.traffic.workload import (
+    AboutPrompt,
     DocumentsPrompt,
     Range,
     Stream,
@@ -19,21 +20,27 @@ BYTES_PER_TOKEN = 4.0  # English text in the tokenizers of the models tried
 
 
 def expected_work(workload: Workload) -> ExpectedWork:
-    return ExpectedWork(tuple(_shape(s) for s in workload.streams.values()))
+    streams = workload.streams
+    shapes = {n: _shape(s) for n, s in streams.items() if not isinstance(s.prompt, AboutPrompt)}
+    for name, s in streams.items():
+        if isinstance(s.prompt, AboutPrompt):  # the document, then the question
+            document = shapes[s.prompt.stream].prompt_tokens
+            shapes[name] = _shape(s, document + _mean(s.prompt.question))
+    return ExpectedWork(tuple(shapes[n] for n in streams))
 
 
 def _mean(r: Range) -> float:
     return (r.min + r.max) / 2
 
 
-def _shape(stream: Stream) -> RequestShape:
+def _shape(stream: Stream, prompt: float | None = None) -> RequestShape:
     a, p = stream.arrivals, stream.prompt
     output = _mean(stream.output_tokens)
     if isinstance(p, DocumentsPrompt):
         tokens = sum(f.stat().st_size for f in p.files) / BYTES_PER_TOKEN
         pieces = max(1, math.ceil(tokens / p.chunk_tokens))
         return RequestShape(pieces, tokens / pieces, output)
-    prompt = _mean(p.tokens)
+    prompt = _mean(p.tokens) if prompt is None else prompt  # type: ignore[union-attr]
     if isinstance(a, TraceArrivals) and a.rows:  # a row's own lengths replace the ranges
         rows = a.rows
         prompt = statistics.fmean(r.get("prompt_tokens", prompt) for r in rows)

@@ -77,14 +77,9 @@ class PromptBuilder:
             return self.synthetic(n_tokens, rng)
         return self.text(spec, n_tokens, rng)
 
-    def _frame(self, spec: TextPrompt | DocumentsPrompt) -> tuple[list[int], list[int]]:
+    def frame(self, spec: TextPrompt | DocumentsPrompt) -> tuple[list[int], list[int]]:
         """Token ids before and after the body: chat prefix; instruction + chat suffix."""
-        if spec.chat_template:
-            before, after = self.tok.chat_parts(spec.system)
-        else:
-            before, after = ((spec.system + "\n\n") if spec.system else "", "")
-        head = self.tok.encode(before, add_bos=True, special=True)
-        tail = self.tok.encode(after, add_bos=False, special=True)
+        head, tail = self._chat(spec)
         instr = (
             self.tok.encode("\n\n" + spec.instruction, add_bos=False, special=False)
             if spec.instruction
@@ -92,9 +87,31 @@ class PromptBuilder:
         )
         return head, instr + tail
 
+    def _chat(self, spec: TextPrompt | DocumentsPrompt) -> tuple[list[int], list[int]]:
+        if spec.chat_template:
+            before, after = self.tok.chat_parts(spec.system)
+        else:
+            before, after = ((spec.system + "\n\n") if spec.system else "", "")
+        head = self.tok.encode(before, add_bos=True, special=True)
+        return head, self.tok.encode(after, add_bos=False, special=True)
+
+    def question(
+        self,
+        document: list[int],
+        spec: TextPrompt | DocumentsPrompt,
+        n_tokens: int,
+        rng: np.random.Generator,
+    ) -> list[int]:
+        """A question of `n_tokens` generated tokens about `document` (its chat prefix and
+        body, as the indexer's prompt began), closed by the same chat suffix."""
+        _, tail = self._chat(spec)
+        words = generate_text(rng, n_tokens)
+        question = self.tok.encode("\n\n" + words, add_bos=False, special=False)
+        return document + question[:n_tokens] + tail
+
     def text(self, spec: TextPrompt, n_tokens: int, rng: np.random.Generator) -> list[int]:
         """[chat prefix] + generated text cut to fit + [instruction] + [chat suffix]."""
-        head, tail = self._frame(spec)
+        head, tail = self.frame(spec)
         n_body = n_tokens - len(head) - len(tail)
         if n_body < 1:
             raise UserError(
@@ -107,7 +124,7 @@ class PromptBuilder:
 
     def documents(self, spec: DocumentsPrompt) -> list[tuple[str, list[int]]]:
         """(label, prompt) per document piece, by the rule in `DocumentsPrompt`."""
-        head, tail = self._frame(spec)
+        head, tail = self.frame(spec)
         room = spec.chunk_tokens - len(head) - len(tail)
         if room < 16:
             raise UserError(

@@ -198,7 +198,21 @@ class DocumentsPrompt(_Strict):
         return self._files
 
 
-Prompt = Annotated[TextPrompt | SyntheticPrompt | DocumentsPrompt, Field(discriminator="source")]
+class AboutPrompt(_Strict):
+    """A question about one of another stream's documents, asked as a person would after
+    the indexer read it: that document first, in the same template, then the question
+    (generated text of `question` tokens). The i-th request asks about document i modulo
+    their number. The document's tokens are the same as the indexer's, so where its KV
+    state was kept, only the question is computed."""
+
+    source: Literal["about"]
+    stream: str
+    question: Range
+
+
+Prompt = Annotated[
+    TextPrompt | SyntheticPrompt | DocumentsPrompt | AboutPrompt, Field(discriminator="source")
+]
 
 
 class Sampling(_Strict):
@@ -270,6 +284,25 @@ class Workload(_Strict):
     description: str = ""
     seed: int = Field(default=0, ge=0)
     streams: dict[str, Stream] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _about_names_a_document_stream(self) -> Workload:
+        for name, stream in self.streams.items():
+            p = stream.prompt
+            if not isinstance(p, AboutPrompt):
+                continue
+            other = self.streams.get(p.stream)
+            if other is None or other is stream:
+                raise ValueError(
+                    f"stream {name}: prompt.stream {p.stream!r} must name another stream "
+                    f"(one of: {', '.join(n for n in self.streams if n != name)})"
+                )
+            if not isinstance(other.prompt, TextPrompt | DocumentsPrompt):
+                raise ValueError(
+                    f"stream {name}: prompt.stream {p.stream!r} must have text or documents "
+                    f"prompts to ask about, not {other.prompt.source}"
+                )
+        return self
 
 
 def load_workload(path: Path) -> Workload:

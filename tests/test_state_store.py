@@ -1,0 +1,136 @@
+"""The saved-prefix store alone (no model): lookup, budgets, integrity, a failing disk."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgeprefill.backends.state_store import SUFFIX, StateStore
+
+IDENTITY = {"model": "m:1", "llama_cpp": "0.3.36", "flash_attn": False}
+MIB = 1 << 20
+
+
+def payload(n_bytes: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, n_bytes, dtype=np.uint8)
+
+
+def store(folder: Path | None, ram: int = 64 * MIB, disk: int = 64 * MIB, **kw) -> StateStore:
+    return StateStore(kw.get("identity", IDENTITY), ram_bytes=ram, disk_bytes=disk, folder=folder)
+
+
+DOC = list(range(1000, 1400))  # a document's 400 tokens
+
+
+def test_the_longest_saved_prefix_shorter_than_the_prompt_is_found():
+    with store(None) as s:
+        s.put(DOC[:100], payload(10, 1))
+        s.put(DOC[:300], payload(30, 3))
+        hit = s.lookup(DOC[:300] + [7, 8, 9])
+        assert hit is not None and hit.n_tokens == 300 and hit.source == "memory"
+        assert np.array_equal(hit.payload, payload(30, 3))
+        assert s.lookup(DOC[:300]).n_tokens == 100  # the last prompt token is always computed
+        assert s.lookup([5] + DOC) is None  # another start: nothing in common
+        assert s.lookup(DOC[:50]) is None
+
+
+def test_saved_states_outlive_the_process_on_disk(tmp_path):
+    with store(tmp_path) as s:
+        s.put(DOC, payload(2 * MIB))
+    with store(tmp_path) as again:  # a later run: its memory is empty
+        hit = again.lookup(DOC + [1])
+        assert hit is not None and hit.source == "disk" and hit.n_tokens == len(DOC)
+        assert np.array_equal(hit.payload, payload(2 * MIB))
+
+
+def damage(path: Path, how: str) -> None:
+    data = bytearray(path.read_bytes())
+    if how == "truncated":
+        path.write_bytes(bytes(data[: len(data) - 100]))
+    elif how == "corrupted":
+        data[-5] ^= 0xFF
+        path.write_bytes(bytes(data))
+    elif how == "garbage":
+        path.write_bytes(b"not a state file at all")
+
+
+@pytest.mark.parametrize("how", ["truncated", "corrupted", "garbage"])
+def test_a_damaged_file_is_ignored_with_a_warning_never_loaded(tmp_path, how, caplog):
+    with store(tmp_path) as s:
+        s.put(DOC, payload(MIB))
+    (path,) = tmp_path.glob(f"*{SUFFIX}")
+    damage(path, how)
+    with caplog.at_level(logging.WARNING), store(tmp_path) as again:
+        assert again.lookup(DOC + [1]) is None
+        assert again.describe()["rejected_files"] == (0 if how == "garbage" else 1)
+    if how != "garbage":  # a garbage file has no header: never indexed at all
+        assert "computing the prompt instead" in caplog.text
+        assert not path.exists()  # removed, so it is not read again
+
+
+def test_a_state_for_another_model_or_build_is_never_loaded(tmp_path):
+    with store(tmp_path, identity={**IDENTITY, "model": "other:2"}) as other:
+        other.put(DOC, payload(MIB))
+    with store(tmp_path) as ours:
+        assert ours.lookup(DOC + [1]) is None
+    assert len(list(tmp_path.glob(f"*{SUFFIX}"))) == 1  # left for the model it belongs to
+
+
+def test_eviction_keeps_the_disk_under_its_budget_least_recently_used_first(tmp_path):
+    docs = [[d] * 50 + list(range(100)) for d in range(5)]
+    with store(tmp_path, ram=MIB, disk=int(2.5 * MIB)) as s:
+        for i, doc in enumerate(docs):
+            s.put(doc, payload(MIB, i))
+            s.flush()
+            if i == 1:
+                assert s.lookup(docs[0] + [1]) is not None  # doc 0 used: doc 1 is older
+        stats = s.describe()
+    sizes = [p.stat().st_size for p in tmp_path.glob(f"*{SUFFIX}")]
+    assert sum(sizes) <= 2.5 * MIB + 4096 * len(sizes)  # payloads under budget (+ headers)
+    assert stats["evicted_from_disk"] >= 2 and stats["ram_bytes"] <= MIB
+    with store(tmp_path) as later:
+        assert later.lookup(docs[4] + [1]) is not None  # the newest stayed
+        assert later.lookup(docs[1] + [1]) is None  # the least recently used went first
+
+
+def test_memory_over_budget_spills_to_disk(tmp_path):
+    with store(tmp_path, ram=MIB, disk=16 * MIB) as s:
+        s.put(DOC[:100], payload(MIB, 1))
+        s.put(DOC[:200], payload(MIB, 2))
+        s.flush()  # on disk now, and memory keeps at most 1 MiB: the older one left it
+        assert s.lookup(DOC[:100] + [1]).source == "disk"
+
+
+def test_an_unwritable_folder_or_a_full_disk_degrades_to_memory_only(tmp_path, caplog, monkeypatch):
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the folder should be")
+    with caplog.at_level(logging.WARNING), store(blocked / "kv") as s:
+        s.put(DOC, payload(1000))
+        assert s.lookup(DOC + [1]).source == "memory"  # still works, from memory
+        assert s.describe()["folder"] is None and s.describe()["disk_errors"]
+    assert "keeping saved states in memory only" in caplog.text
+
+    def full(*args, **kw):
+        raise OSError(28, "No space left on device")
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING), store(tmp_path / "kv") as s:
+        monkeypatch.setattr(Path, "open", full)
+        s.put(DOC, payload(1000))
+        s.flush()  # the writer met the full disk
+        monkeypatch.undo()
+        assert s.lookup(DOC + [1]).source == "memory"
+        assert "No space left on device" in s.describe()["disk_errors"][0]
+    assert "keeping saved states in memory only" in caplog.text
+
+
+def test_clear_forgets_memory_and_files(tmp_path):
+    with store(tmp_path) as s:
+        s.put(DOC, payload(1000))
+        s.flush()
+        s.clear()
+        assert s.lookup(DOC + [1]) is None
+    assert not list(tmp_path.glob(f"*{SUFFIX}"))
