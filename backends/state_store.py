@@ -352,6 +352,7 @@ class StateStore(Closeable):
                     self._path(key).unlink(missing_ok=True)
             self._tokens.clear()
             self._ram_used = 0
+            self.stats = StoreStats(disk_errors=self.stats.disk_errors)
 
     def flush(self) -> None:
         """Wait until every state saved so far is on disk (or failed to get there)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,8 +31,10 @@ class LlamaPrefixCache:
     def __init__(self, ctx: LlamaContext, store: StateStore) -> None:
         self.ctx = ctx
         self.store = store
+        self.save_s: list[float] = []  # engine-thread time of each save (the copy)
 
     def save(self, seq_id: int, tokens: Sequence[int]) -> None:
+        t0 = time.perf_counter()
         size = lc.llama_state_seq_get_size(self.ctx.ptr, seq_id)
         buf = np.empty(size, dtype=np.uint8)
         n = lc.llama_state_seq_get_data(self.ctx.ptr, _ptr(buf), size, seq_id)
@@ -39,6 +42,7 @@ class LlamaPrefixCache:
             log.warning("KV cache: llama.cpp could not copy sequence %d's state", seq_id)
             return
         self.store.put(tokens, buf[:n])
+        self.save_s.append(time.perf_counter() - t0)
 
     def restore(self, seq_id: int, prompt: Sequence[int]) -> int:
         loaded = self.store.lookup(prompt)
@@ -54,9 +58,15 @@ class LlamaPrefixCache:
 
     def clear(self) -> None:
         self.store.clear()
+        self.save_s.clear()
 
     def describe(self) -> dict[str, Any]:
-        return self.store.describe()
+        saves = self.save_s
+        return {
+            **self.store.describe(),
+            "max_save_ms": max(saves) * 1e3 if saves else None,
+            "mean_save_ms": sum(saves) / len(saves) * 1e3 if saves else None,
+        }
 
     def close(self) -> None:
         self.store.close()
