@@ -12,6 +12,7 @@ state read back from disk). Rounds interleave on one machine; ratios compare wit
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import tempfile
@@ -49,8 +50,7 @@ def prompts(be: LlamaCppBackend, n_doc: int, seed: int) -> tuple[Request, Reques
 
 def ttft(engine: Engine, template: Request) -> tuple[float, Request]:
     """Seconds from submitting a copy of `template` to its first token, stepping alone."""
-    req = Request(template.id, template.cls, 0.0, list(template.prompt), template.max_tokens,
-                  ignore_eos=True)  # fmt: skip
+    req = dataclasses.replace(template, output=[], token_times_s=[])
     t0 = time.perf_counter()
     engine.add(req)
     first = None

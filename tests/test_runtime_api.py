@@ -121,3 +121,20 @@ def test_eight_threads_submitting_at_once_lose_nothing(make_backend, tmp_path):
     assert summary["accounting"]["submitted"] == 24 and summary["accounting"]["reconciled"]
     lines = (tmp_path / "run" / "requests.jsonl").read_text().splitlines()
     assert sorted(json.loads(line)["id"] for line in lines) == sorted(h.id for h in handles)
+
+
+def test_asking_about_an_indexed_document_computes_only_the_question(make_backend, tmp_path):
+    be = make_backend()
+    document = " ".join(f"The lighthouse keeper logged ship number {i}." for i in range(60))
+    with Runtime(be, "static:64") as rt:
+        early = rt.ask(rt.index(document, max_tokens=4), "What did the keeper log?", max_tokens=8)
+        doc = rt.index(document, max_tokens=4)
+        doc.result(timeout=120)
+        answer = rt.ask(doc, "What did the keeper log?", max_tokens=8, ignore_eos=True)
+        req = answer.result(timeout=120)
+    assert early.result(timeout=120).status is Status.FINISHED  # asked before it was read
+    kept = doc.request.share_prefix
+    assert kept and req.prefix_reused_tokens >= kept - be.capacity.chunk_quantum
+    assert req.prompt[:kept] == doc.request.prompt[:kept]  # the document, token for token
+    assert req.record()["prefilled_tokens"] == req.prompt_len - req.prefix_reused_tokens
+    assert req.restore_s is not None and len(req.output) == 8
