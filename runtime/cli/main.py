@@ -87,14 +87,15 @@ def device_options(batching: str = "auto") -> Callable[[Callable[..., Any]], Cal
             "--kv-cache/--no-kv-cache",
             default=True,
             show_default=True,
-            help="llamacpp: keep documents' KV state once read (in memory, then on disk) and "
-            "restore it for prompts that start with them",
+            help="keep documents' KV state once read (llamacpp: in memory, then on disk; "
+            "vllm: its automatic prefix caching) for prompts that start with them",
         ),
         click.option(
             "--kv-cache-dir",
             type=click.Path(path_type=Path),
             default=None,
-            help="llamacpp: folder for saved KV states [default: the user's cache folder]",
+            help="llamacpp: folder for saved KV states, kept across runs [default: one of "
+            "this command's own, deleted at its end, each run starting empty]",
         ),
         click.option(
             "--kv-cache-ram",
