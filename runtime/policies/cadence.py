@@ -99,7 +99,11 @@ class CadencePolicy(BudgetPolicy):
     def foreground_chunk(self, state: SchedState) -> int | None:
         """FlowPrefill's slack idea on a CPU: the smallest chunk for the waiting chat's
         prompt such that its remaining iterations, each the decodes' cost plus the chunk's,
-        fit in the time left to its TTFT target; all of it at once when none is left."""
+        fit in the time left to its TTFT target; all of it at once when only one iteration
+        fits. A target that cannot be met any more gets no floor, only the budget: S-EDF
+        drops a request whose deadline is lost rather than stall every other chat's tokens
+        for it (a 7k-token question about an unread document, computed at once, stopped the
+        other chats for 8 s)."""
         target = state.foreground_ttft_target_s if self.ttft_ms is None else self.ttft_ms / 1000
         if target is None or self._model is None:
             return None
@@ -111,7 +115,9 @@ class CadencePolicy(BudgetPolicy):
             return None
         room = slack - per_token * left  # what passes and decodes may take, all iterations
         iterations = math.floor(room / base)  # the most it can be spread over
-        if iterations <= 1:
+        if iterations < 1:
+            return None
+        if iterations == 1:
             return left
         return math.ceil(left / iterations)
 
