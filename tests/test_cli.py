@@ -199,6 +199,7 @@ def test_bad_inputs_give_one_line_and_exit_code_2(tmp_path):
         (["--thermal-aware", "--thermal-factor", "0"], "thermal factor must be in (0, 1]"),
         (["--telemetry-period", "0"], "telemetry period must be positive"),
         (["--thermal-aware", "--no-telemetry"], "--thermal-aware needs telemetry"),
+        (["--kv-cache-ram", "lots"], "'lots' is not a size: write it as 512MiB, 2GiB or bytes"),
     ]
     for extra, *fragments in cases:
         assert_clean_error(
