@@ -192,7 +192,7 @@ def test_bad_inputs_give_one_line_and_exit_code_2(tmp_path):
         (["--policy", "static:0"], "tokens must be at least 1"),
         (["--policy", "fastest"], "unknown policy 'fastest'; choose one of"),
         (["--n-ctx", "100000"], "--n-ctx 100000 exceeds the model's trained context (32768)"),
-        (["--max-background", "9"], "background sequences must be between 1 and n_seq_max (8)"),
+        (["--max-background", "17"], "background sequences must be between 1 and n_seq_max (16)"),
         (["--backend", "tensorrt"], "Invalid value for '--backend'"),
         (["--backend", "vllm", "--max-background", "2"], "--max-background/--foreground-kv apply"),
         (["--n-batch", "abc"], "'abc' is not a valid integer"),

@@ -220,6 +220,43 @@ def test_one_outlier_cannot_make_cadence_starve_the_documents():
     assert p.budget(chat) > 0
 
 
+def test_cadence_sizes_a_chats_prompt_by_the_chats_own_errors():
+    """Deep document chunks miss the model by tens of milliseconds, a chat's shallow chunk
+    by a few: the documents' margin must not shrink a waiting chat's chunks (its first
+    token waits for every one of them), while documents keep theirs."""
+    p = CadencePolicy(itl_ms=100)
+    p.calibrate(profile())
+    model = p._model
+
+    def doc(extra: float) -> IterationTiming:
+        return IterationTiming(
+            model.predict(1, 40, 1, 200_000) + extra, 1, 40, 1, n_chunks=1, ctx_work=200_000
+        )
+
+    def chat() -> IterationTiming:
+        return IterationTiming(
+            model.predict(1, 40, 1, 5_000),
+            1,
+            40,
+            1,
+            n_chunks=1,
+            ctx_work=5_000,
+            n_prefill_foreground=40,
+        )
+
+    for i in range(40):
+        p.observe(doc(0.030 if i % 2 else 0.0))
+        p.observe(chat())
+    assert p.margin_s > 0.010
+    common = dict(decode_ctx=600, next_prefill_pos=0, next_prefill_left=300)
+    documents = SchedState(1, 1, 1, 1, 2048, **common)
+    waiting_chat = SchedState(1, 1, 1, 1, 2048, foreground_prompt_left=300, **common)
+    assert p.snapshot()["chat_margin_ms"] < 5
+    # The margins' difference, spent on prompt tokens (~3 ms each here).
+    room = (p.margin_s - p.snapshot()["chat_margin_ms"] / 1000) / p._model.per_prefill_s
+    assert p.budget(waiting_chat) >= p.budget(documents) + int(room) - 1 > p.budget(documents)
+
+
 def test_cadence_prices_the_end_of_a_prompt():
     # Sampling a row costs as much as eight prompt tokens here (a large vocabulary), and
     # ending a prompt samples its last token and may open a second chunk with its own pass:

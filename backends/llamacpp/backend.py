@@ -45,7 +45,7 @@ class LlamaCppConfig:
     model: Path
     n_ctx: int = 16384  # KV cells per sequence; at most the model's trained context
     n_batch: int = 2048  # llama-server's default: the most tokens one iteration can hold
-    n_seq_max: int = 8
+    n_seq_max: int = 16  # half may be background: chats keep 8 even while documents are read
     n_threads: int = 0  # 0: physical cores
     kv_unified: bool = False  # one pool of n_ctx cells shared by all sequences
     # exact: only batch shapes the device probe found bit-identical to decoding each

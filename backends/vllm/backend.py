@@ -33,7 +33,7 @@ class VllmSettings:
     model: Path  # a Hugging Face model folder
     n_ctx: int = 4096  # max_model_len: the longest sequence
     n_batch: int = 2048  # max_num_batched_tokens: the most tokens in one step
-    n_seq_max: int = 8  # max_num_seqs
+    n_seq_max: int = 16  # max_num_seqs (as the llama.cpp backend)
     n_threads: int | None = None  # torch threads on the CPU build (None: every core)
     dtype: str = "auto"
     tensor_parallel_size: int = 1

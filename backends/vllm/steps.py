@@ -53,6 +53,7 @@ class StepRecord:
             n_chunks=len(self.plan.prefill),
             ctx_work=self.ctx_work,
             n_sampled=self.n_sampled,
+            n_prefill_foreground=self.prefill_by_class.get("foreground", 0),
         )
 
 

@@ -185,7 +185,11 @@ def device_options(batching: str = "auto") -> Callable[[Callable[..., Any]], Cal
             help="measure the device probe again instead of reading it from the cache",
         ),
         click.option(
-            "--n-seq-max", type=int, default=8, show_default=True, help="sequences decoded together"
+            "--n-seq-max",
+            type=int,
+            default=16,
+            show_default=True,
+            help="sequences decoded together",
         ),
         click.option(
             "--max-background",

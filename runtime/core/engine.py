@@ -245,7 +245,12 @@ class Engine:
         if result.kept is not None:
             return self._preempted(t_start, plan, work, result, host_s)
         timing = timing_of(
-            work, result.duration_s, n_decode_foreground=n_fg, budget=plan.budget, host_s=host_s
+            work,
+            result.duration_s,
+            n_decode_foreground=n_fg,
+            budget=plan.budget,
+            host_s=host_s,
+            n_prefill_foreground=by_class["foreground"],
         )
         self._device_done = self.clock.now()
         self.policy.observe(timing)

@@ -27,6 +27,9 @@ class IterationTiming:
     # Host time between the previous device call and this one (planning, sampling,
     # bookkeeping): a foreground token waits for it as well as for the device.
     host_s: float | None = None
+    # Of n_prefill, the foreground's prompt tokens: a chat's chunk is shallow and cheap to
+    # predict, a document's deep one is not, so policies may weigh their errors apart.
+    n_prefill_foreground: int = 0
 
     @property
     def sampled(self) -> int:
