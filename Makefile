@@ -12,7 +12,7 @@ WORKLOAD ?= workloads/assistant_plus_indexer.yaml
 POLICY ?= cadence
 RUN_ARGS ?=
 
-.PHONY: setup setup-vllm run test clean
+.PHONY: setup setup-vllm run test bench-versus clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,12 @@ run: setup
 test: setup-vllm
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
+
+# Not part of the tests: llama-server (built from llama-cpp-python's vendored source) against
+# edgeprefill's policies on two workloads, 3 seeds (~1 h on 2 cores; RESULTS.md section S).
+bench-versus: setup
+	benchmarks/build_llamacpp_tools.sh $(BIN)/python
+	$(BIN)/python benchmarks/versus_server.py run --out results/versus
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

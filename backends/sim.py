@@ -2,7 +2,9 @@
 
 It answers "what would this policy do on this workload at 10x the load" in seconds, and
 makes policy tests deterministic. Iteration times come from a `CostModel` (fitted from a
-real run with `edgeprefill calibrate`), optionally with seeded noise; sampled tokens are a
+real run with `edgeprefill calibrate`), optionally with seeded noise: Gaussian, or the
+fitted run's own residuals drawn at random (a shared machine's stalls are rare and long, not
+Gaussian, and they are what a tail target must absorb); sampled tokens are a
 hash of the sequence's last token and position, so every policy sees the same outputs.
 Every result it produces is labelled simulated.
 """
@@ -80,6 +82,7 @@ class SimBackend(Backend):
         capacity: Capacity,
         *,
         noise: float = 0.0,
+        residuals: Sequence[float] = (),
         seed: int = 0,
         clock: SimClock | None = None,
     ) -> None:
@@ -90,6 +93,7 @@ class SimBackend(Backend):
         self.tokenizer = SimTokenizer()
         self.clock = clock or SimClock()
         self.noise = noise
+        self.residuals = np.asarray(residuals, dtype=float)
         self._rng = np.random.default_rng(seed)
 
     def execute(self, work: Sequence[SeqWork], abort: threading.Event | None = None) -> StepResult:
@@ -103,6 +107,8 @@ class SimBackend(Backend):
         )
         if self.noise:
             duration *= max(0.0, 1.0 + self.noise * float(self._rng.normal()))
+        if self.residuals.size:
+            duration = max(0.0, duration + float(self._rng.choice(self.residuals)))
         self.clock.sleep(duration)
         span = self.tokenizer.vocab_size - FIRST_NORMAL
         sampled = {
@@ -123,6 +129,7 @@ class SimBackend(Backend):
             "simulated": True,
             "cost_model": self.cost.to_dict(),
             "noise": self.noise,
+            "residuals": int(self.residuals.size),
             "n_batch": c.n_batch,
             "n_ctx_seq": c.n_ctx_seq,
             "n_seq_max": c.n_seq_max,

@@ -140,22 +140,23 @@ def frontier_share(run_dir: Path, target_s: float = TARGET_ITL_S) -> float | Non
     host's median time between iterations) holds the decodes' cost plus at most n prompt
     tokens of a chunk at the documents' token-weighted mean depth; the frontier computes
     n/target_s tokens per second while that composition lasts, less what chats' own prompts
-    took. Summed over every iteration in which a chat decoded while documents still had
-    prompt left (from the first document's arrival to the last document prompt token)."""
+    took. Summed over every iteration in which a chat decoded while some document had
+    arrived and not finished its prompt."""
     its = [json.loads(line) for line in (run_dir / "iterations.jsonl").open()]
     reqs = [json.loads(line) for line in (run_dir / "requests.jsonl").open()]
-    docs = [r for r in reqs if r["class"] == "background"]
-    reading = [i["t_start_s"] for i in its if i["n_prefill_background"]]
-    if not docs or not reading:
+    docs = [r for r in reqs if r["class"] == "background" and r["token_times_s"]]
+    if not docs:
         return None
     lengths = [r["prompt_tokens"] for r in docs]
     depth = sum(n * n / 2 for n in lengths) / sum(lengths)
-    start, end = min(r["arrival_s"] for r in docs), max(reading)
+    reading = [(r["arrival_s"], r["token_times_s"][0]) for r in docs]
     model = profile_from_run(run_dir).cost
     chatting = [
         i
         for i in its
-        if i["n_decode_foreground"] and not i.get("error") and start <= i["t_start_s"] <= end
+        if i["n_decode_foreground"]
+        and not i.get("error")
+        and any(a <= i["t_start_s"] < b for a, b in reading)
     ]
     hosts = [i["host_s"] for i in chatting if i["host_s"] is not None]
     room = target_s - (float(np.median(hosts)) if hosts else 0.0)
@@ -167,6 +168,18 @@ def frontier_share(run_dir: Path, target_s: float = TARGET_ITL_S) -> float | Non
         bound += max(n - i["n_prefill_foreground"], 0) * wall / target_s
         done += i["n_prefill_background"]
     return done / bound if bound else None
+
+
+def host_share(run_dir: Path) -> float | None:
+    """Host time between device calls (planning, sampling, bookkeeping) as a share of
+    iteration time, over every iteration that followed another without idling (3a)."""
+    host = device = 0.0
+    for line in (run_dir / "iterations.jsonl").open():
+        i = json.loads(line)
+        if i["host_s"] is not None:
+            host += i["host_s"]
+            device += i["duration_s"]
+    return host / (host + device) if device else None
 
 
 def tables(out: Path) -> str:
@@ -183,9 +196,9 @@ def tables(out: Path) -> str:
 
 
 def per_seed_table(runs: dict[str, dict[str, Any]], stem: str, out: Path) -> list[str]:
-    head = ["seed", "run", *[c[0] for c in COLUMNS], "done", "frontier share"]
+    head = ["seed", "run", *[c[0] for c in COLUMNS], "done", "frontier share", "host share"]
     if stem == "assistant_plus_indexer":
-        head.insert(-2, "TTFT / chat_only")
+        head.insert(-3, "TTFT / chat_only")
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for seed, by_name in runs.items():
         alone = load(out / "chat_only" / seed / DEFAULT)
@@ -203,10 +216,12 @@ def per_seed_table(runs: dict[str, dict[str, Any]], stem: str, out: Path) -> lis
                 f"{acc['completed']}/{acc['submitted']}"
                 + ("" if acc["reconciled"] else " (not reconciled)")
             )
-            share = None
+            share = host = None
             if s["backend"].get("name") != "llama-server":
                 share = frontier_share(out / stem / seed / name)
+                host = host_share(out / stem / seed / name)
             cells.append("-" if share is None else f"{share:.2f}")
+            cells.append("-" if host is None else f"{host:.1%}")
             rows.append("| " + " | ".join(cells) + " |")
     return rows
 

@@ -9,10 +9,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from edgeprefill.runtime.analysis.metrics import class_summary
+from edgeprefill.runtime.core.costmodel import CostModel
 
 pytestmark = pytest.mark.slow
 
@@ -200,6 +202,7 @@ def test_bad_inputs_give_one_line_and_exit_code_2(tmp_path):
         (["--telemetry-period", "0"], "telemetry period must be positive"),
         (["--thermal-aware", "--no-telemetry"], "--thermal-aware needs telemetry"),
         (["--kv-cache-ram", "lots"], "'lots' is not a size: write it as 512MiB, 2GiB or bytes"),
+        (["--sim-noise", "measured"], "--sim-noise applies to --backend sim only"),
     ]
     for extra, *fragments in cases:
         assert_clean_error(
@@ -285,6 +288,29 @@ def test_calibrate_a_real_run_then_simulate_and_compare_on_it(tmp_path):
     summary = json.loads((sim / "summary.json").read_text())
     assert summary["simulated"] is True and summary["backend"]["name"] == "sim"
     assert summary["completed"] == 26 and summary["accounting"]["reconciled"]
+
+    # As noisy as the real run was: every simulated iteration is the model's prediction
+    # plus one of the residuals the calibration measured.
+    noisy = tmp_path / "noisy"
+    res = run_cli(
+        "run", small_workload(tmp_path, chats=20, docs=6), "--backend", "sim",
+        "--cost-model", real / "cost_model.json", "--sim-noise", "measured",
+        "--policy", "cadence", "--out", noisy, "--no-progress",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert json.loads((noisy / "summary.json").read_text())["accounting"]["reconciled"]
+    cost = CostModel.from_dict(model["cost_model"])
+    measured = np.array(model["residuals_ms"])
+    assert len(measured) == model["cost_model"]["n_samples"] and measured.std() > 0
+    drawn = []
+    for it in read_jsonl(noisy / "iterations.jsonl"):
+        predicted = cost.predict(
+            it["n_decode"], it["n_prefill"], it["n_chunks"], it["ctx_work"], it["n_sampled"]
+        )
+        if it["duration_s"] > 0:  # (a residual below -prediction leaves 0)
+            drawn.append(it["duration_s"] * 1e3 - predicted * 1e3)
+    nearest = [np.abs(measured - d).min() for d in drawn]
+    assert max(nearest) < 0.01 and len(set(np.round(drawn, 2))) > 5
 
     cmp = tmp_path / "cmp"
     res = run_cli(

@@ -124,6 +124,14 @@ def device_options(batching: str = "auto") -> Callable[[Callable[..., Any]], Cal
             help="the simulated backend's cost model (from `edgeprefill calibrate`)",
         ),
         click.option(
+            "--sim-noise",
+            type=click.Choice(["none", "measured"]),
+            default="none",
+            show_default=True,
+            help="sim: add to each iteration one of the calibrated run's residuals (measured "
+            "minus predicted time), drawn at random",
+        ),
+        click.option(
             "--calibration",
             default="probe",
             show_default=True,

@@ -140,11 +140,34 @@ def save_profile(profile: DeviceProfile, path: Path) -> None:
                 "min_chunk": profile.min_chunk,
                 "chunk_quantum": profile.chunk_quantum,
                 "decode_s": profile.decode_s,
+                # What the model did not explain, iteration by iteration: the simulator
+                # can add them back (`--sim-noise measured`).
+                "residuals_ms": [round(float(r) * 1e3, 3) for r in residuals(profile)],
             },
             indent=2,
         )
         + "\n"
     )
+
+
+def residuals(profile: DeviceProfile) -> np.ndarray:
+    """Measured minus predicted time of each iteration the model was fitted to."""
+    return profile.cost.residuals(profile.timings) if profile.timings else np.zeros(0)
+
+
+def load_residuals(path: Path) -> list[float]:
+    """The fitted run's residuals in seconds, for a simulator that is as noisy as the
+    device was."""
+    try:
+        values = json.loads(path.read_text())["residuals_ms"]
+    except (OSError, ValueError, KeyError, TypeError):
+        values = None
+    if not values:
+        raise UserError(
+            f"{path} has no measured residuals (written before they were kept): run "
+            "`edgeprefill calibrate RUN_DIR` again, or leave out --sim-noise"
+        )
+    return [float(v) / 1e3 for v in values]
 
 
 def load_profile(path: Path) -> DeviceProfile:

@@ -19,7 +19,7 @@ from edgeprefill.runtime.core.work import ExpectedWork
 def open_device(o: dict[str, Any], work: ExpectedWork | None = None) -> Iterator[tuple[Any, Any]]:
     """The backend the options name, set up for the `work` the command will run, and the
     device profile policies default from."""
-    from edgeprefill.runtime.runner.calibration import load_profile
+    from edgeprefill.runtime.runner.calibration import load_profile, load_residuals
 
     if o["backend"] == "sim":
         from edgeprefill.backends.sim import SimBackend
@@ -44,7 +44,9 @@ def open_device(o: dict[str, Any], work: ExpectedWork | None = None) -> Iterator
             )
         except ValueError as e:
             raise UserError(str(e)) from None
-        yield (lambda: SimBackend(profile.cost, capacity)), profile
+        noise = load_residuals(o["cost_model"]) if o["sim_noise"] == "measured" else ()
+        # Every run draws the same noise sequence: paired runs meet the same stalls.
+        yield (lambda: SimBackend(profile.cost, capacity, residuals=noise)), profile
         return
 
     if o["backend"] == "vllm":
@@ -144,6 +146,11 @@ def run_options(o: dict[str, Any], progress: bool | None = None) -> Any:
         raise UserError(
             "--max-background/--foreground-kv apply to the llama.cpp backend; vLLM admits "
             "requests by its own KV-cache accounting: drop them"
+        )
+    if o["sim_noise"] != "none" and o["backend"] != "sim":
+        raise UserError(
+            f"--sim-noise applies to --backend sim only (a real device brings its own): "
+            f"drop it for --backend {o['backend']}"
         )
     if o["thermal_aware"] and (not o["telemetry"] or o["backend"] == "sim"):
         raise UserError(
