@@ -53,6 +53,7 @@ class Iteration:
     # Aborted part-way for a foreground arrival: prompt tokens kept (those in `plan`) and
     # lost, and the time from the arrival to the abort landing.
     preempted: dict[str, Any] | None = None
+    save_s: float | None = None  # copying saved prefixes after it (not in any host time)
 
     def record(self) -> dict[str, Any]:
         return {
@@ -74,6 +75,7 @@ class Iteration:
             "policy": self.policy_state,
             "error": self.error,
             **({"preempted": self.preempted} if self.preempted else {}),
+            **({"save_s": self.save_s} if self.save_s is not None else {}),
         }
 
 
@@ -178,6 +180,8 @@ class Engine:
         """Submit an arrived request; False if it failed at once (see `req.error`)."""
         if req.cls == "foreground":
             self._abort.clear()  # the next plan holds it: nothing left to stop for
+        if not self.scheduler.has_work:
+            self._device_done = None  # the wait for this arrival was idle, not host time
         return self.scheduler.add(req)
 
     def preempt(self) -> None:
@@ -258,8 +262,10 @@ class Engine:
         seq_to_id = {r.seq_id: r.id for r in self.scheduler.running}
         sampled = {seq_to_id[seq]: token for seq, token in result.sampled.items()}
         finished = self.scheduler.update(plan, result.sampled, self.clock.now())
-        self._save_prefixes(plan)
-        return Iteration(t_start, plan, timing, by_class, self._state(), finished, sampled)
+        saved_s = self._save_prefixes(plan)
+        return Iteration(
+            t_start, plan, timing, by_class, self._state(), finished, sampled, save_s=saved_s
+        )
 
     def _restore(self, req: Request) -> None:
         """Fill a just-admitted request's sequence from the longest saved prefix of its
@@ -272,15 +278,24 @@ class Engine:
             req.num_computed = req.prefix_reused_tokens = n
             req.restore_s = time.perf_counter() - t0
 
-    def _save_prefixes(self, plan: Plan) -> None:
+    def _save_prefixes(self, plan: Plan) -> float | None:
         """Save what requests' shareable prefixes this iteration completed (a copy of the
-        sequence's KV state; the disk write happens off this thread)."""
+        sequence's KV state; the disk write happens off this thread). Returns the time the
+        copies took, which the next iteration's host time leaves out: a save happens once
+        per document, and as host time it would enter a policy's tail margin (cadence's
+        margin sat at its cap for hundreds of iterations after each ~70 ms copy)."""
         cache = self.backend.prefix_cache
-        if cache is None:
-            return
-        for req in self.scheduler.saves_due(plan):
+        due = self.scheduler.saves_due(plan) if cache is not None else []
+        if not due:
+            return None
+        t0 = self.clock.now()
+        for req in due:
             assert req.seq_id is not None
-            cache.save(req.seq_id, req.prompt[: req.num_computed])
+            cache.save(req.seq_id, req.prompt[: req.num_computed])  # type: ignore[union-attr]
+        spent = self.clock.now() - t0
+        if self._device_done is not None:
+            self._device_done += spent
+        return spent
 
     def _state(self) -> dict[str, Any]:
         """The policy's (and thermal guard's) state after an iteration, for its record."""
@@ -307,7 +322,7 @@ class Engine:
         kept = {seq_to_id[w.seq_id]: kept_by_seq.get(w.seq_id, 0) for w in work}
         done = replace(plan, prefill={rid: n for rid, n in kept.items() if n > 0})
         finished = self.scheduler.update(done, result.sampled, landed)
-        self._save_prefixes(done)
+        saved_s = self._save_prefixes(done)
         timing = timing_of(
             [
                 replace(w, tokens=w.tokens[: kept_by_seq.get(w.seq_id, 0)])
@@ -326,7 +341,9 @@ class Engine:
         kept_class = {"foreground": 0, "background": done.n_prefill}
         sampled = {seq_to_id[s]: t for s, t in result.sampled.items()}
         state = self._state()
-        return Iteration(t_start, done, timing, kept_class, state, finished, sampled, None, record)
+        return Iteration(
+            t_start, done, timing, kept_class, state, finished, sampled, None, record, saved_s
+        )
 
     @property
     def has_running(self) -> bool:

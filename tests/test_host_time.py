@@ -1,0 +1,70 @@
+"""The host time between device calls, as policies see it: what a foreground token waits
+for besides the device, and nothing else (cadence takes its tail off the ITL target)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from edgeprefill.backends.sim import SimBackend
+from edgeprefill.runtime.core.engine import Engine
+from edgeprefill.runtime.core.request import Request
+from edgeprefill.runtime.policies import parse_policy
+from tests.conftest import drain
+from tests.test_policies import CAP, COST
+
+SAVE_S = 0.07  # a llama_state_seq_get_data copy of a 7k-token document on a 2-core CPU
+
+
+class SlowSaves:
+    """A prefix cache whose saves take the time a real state copy takes, on the sim clock."""
+
+    def __init__(self, backend: SimBackend) -> None:
+        self.clock = backend.clock
+        self.saved: list[int] = []
+
+    def save(self, seq_id: int, tokens: Sequence[int]) -> None:
+        self.clock.sleep(SAVE_S)
+        self.saved.append(len(tokens))
+
+    def restore(self, seq_id: int, prompt: Sequence[int]) -> int:
+        return 0
+
+    def clear(self) -> None:
+        self.saved.clear()
+
+    def describe(self) -> dict[str, Any]:
+        return {}
+
+
+def chat(rid: str, arrival_s: float = 0.0) -> Request:
+    return Request(rid, "foreground", arrival_s, list(range(10, 60)), 4, ignore_eos=True)
+
+
+def test_an_idle_wait_for_an_arrival_is_not_host_time():
+    backend = SimBackend(COST, CAP)
+    engine = Engine(backend, parse_policy("static:64"))
+    drain(engine, [chat("a")])
+    backend.clock.sleep(5.0)  # nothing to do until the next chat arrives
+    engine.add(chat("b", backend.clock.now()))
+    first = engine.step()
+    assert first is not None and first.timing.host_s is None
+    second = engine.step()
+    assert second is not None and second.timing.host_s == 0.0  # the sim's host is instant
+
+
+def test_saving_a_documents_state_is_recorded_apart_from_host_time():
+    backend = SimBackend(COST, CAP)
+    backend.prefix_cache = SlowSaves(backend)
+    engine = Engine(backend, parse_policy("static:64"))
+    doc = Request("doc", "background", 0.0, list(range(10, 210)), 4, ignore_eos=True)
+    doc.share_prefix = 190
+    iterations = drain(engine, [doc])
+    assert backend.prefix_cache.saved == [engine.scheduler.save_point(doc)]
+    saving = [k for k, it in enumerate(iterations) if it.save_s is not None]
+    assert len(saving) == 1 and iterations[saving[0]].save_s == pytest.approx(SAVE_S)
+    assert iterations[saving[0]].record()["save_s"] == pytest.approx(SAVE_S)
+    after = iterations[saving[0] + 1]
+    assert after.timing.host_s == 0.0
