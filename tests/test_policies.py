@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from edgeprefill.backends.sim import SimBackend
-from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.contract import Capacity
 from edgeprefill.runtime.core.costmodel import CostModel
 from edgeprefill.runtime.core.engine import Engine
@@ -337,32 +336,3 @@ def test_a_documents_decodes_wait_while_a_chats_prompt_computes(spec):
         assert all(list(p.deferred) == ["doc"] and not p.decode for p in plans)
     after = engine.step().plan
     assert "doc" in after.decode  # and it decodes again once the chat's prompt is in
-
-
-class NoBudget(BudgetPolicy):
-    """Caps nothing itself, but is a capping policy (chat-first rules apply)."""
-
-    name = "no-budget"
-
-    def budget(self, state):
-        return None
-
-
-def test_an_iteration_with_documents_decodes_holds_one_abort_unit_of_prompt_work():
-    """Decodes make an iteration unstoppable: beside documents' decodes, with no chat active,
-    document prompt work is kept to one abort unit, so a chat arriving meanwhile waits for
-    one micro-batch instead of a whole batch; alone, documents fill the batch."""
-
-    def plans(unit):
-        backend = SimBackend(COST, CAP)
-        backend.abort_unit = unit
-        engine = Engine(backend, NoBudget())
-        engine.add(Request("short", "background", 0.0, list(range(100, 140)), 30, ignore_eos=True))
-        engine.add(Request("long", "background", 0.0, list(range(100, 3100)), 4, ignore_eos=True))
-        return engine.step().plan, engine.step().plan
-
-    first, nxt = plans(256)
-    assert first.prefill == {"short": 40, "long": 2048 - 40}  # no decodes yet: the batch
-    assert list(nxt.decode) == ["short"] and nxt.prefill == {"long": 256}
-    _, nxt = plans(None)  # a backend that cannot stop an iteration: no reason to hold back
-    assert list(nxt.decode) == ["short"] and nxt.prefill == {"long": 3000 - 2008}  # the rest

@@ -79,6 +79,42 @@ def test_a_document_aborted_part_way_resumes_with_the_same_greedy_output(make_ba
     assert req.output == reference
 
 
+def test_documents_decodes_finish_and_only_their_prompt_work_stops(make_backend):
+    """A chat arriving while one document decodes beside another's prompt chunk stops the
+    chunk, not the decode: the decode token is kept, the chunk's remainder computed later,
+    and both documents end with the outputs of a run never stopped."""
+    be = make_backend(n_ctx=4096, batching="fast")
+    short, long = tokens(be, 40, 11), tokens(be, 3000, 12)
+
+    def pair() -> tuple[Request, Request]:
+        return (
+            Request("short", "background", 0, short, 6, ignore_eos=True),
+            Request("long", "background", 0, long, 4, ignore_eos=True),
+        )
+
+    reference = Engine(be, UnlimitedPolicy())
+    ref = pair()
+    for r in ref:
+        reference.add(r)
+    while reference.has_work:
+        reference.step()
+
+    engine = Engine(be, UnlimitedPolicy())
+    a, b = pair()
+    engine.add(a)
+    engine.add(b)
+    engine.step()  # both prompts start; the short one ends and samples its first token
+    engine.preempt()  # a chat arrives before the next iteration's prompt pass
+    it = engine.step()
+    assert it is not None and it.plan.decode == ("short",) and it.preempted is not None
+    assert len(a.output) == 2 and it.sampled == {"short": a.output[-1]}  # the decode kept
+    assert it.preempted["kept"] + it.preempted["lost"] == len(long) - (2048 - len(short))
+    assert b.num_computed == be.seq_pos_max(b.seq_id) + 1  # no cells past what is kept
+    while engine.has_work:
+        engine.step()
+    assert (a.output, b.output) == (ref[0].output, ref[1].output)
+
+
 def test_decode_iterations_are_never_aborted_and_prompt_only_ones_are(make_backend):
     be = make_backend(n_ctx=4096)
     engine = Engine(be, parse_policy("static:256"))

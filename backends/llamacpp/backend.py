@@ -201,10 +201,6 @@ class LlamaCppBackend(Backend):
             "pieces": [s.min_chunk, s.chunk_quantum] if s.exact else None,
         }
 
-    @property
-    def abort_unit(self) -> int:  # type: ignore[override]
-        return self.settings.n_ubatch
-
     def execute(self, work: Sequence[SeqWork], abort: threading.Event | None = None) -> StepResult:
         """One batch, decoded as groups: the decode tokens (in exact batching at most the
         probe's largest bit-identical group to a pass), then one group per prompt chunk.
@@ -223,10 +219,11 @@ class LlamaCppBackend(Backend):
         sampled: dict[int, int] = {}
         duration = 0.0
         start = 0
-        if abort is not None:
-            self.ctx.arm_abort(abort)
         try:
-            for group in groups:
+            for k, group in enumerate(groups):
+                if abort is not None and k == len(groups) - len(chunks):
+                    # The decodes are done and sampled: only prompt work may be stopped.
+                    self.ctx.arm_abort(abort)
                 n = sum(len(w.tokens) for w in group)
                 t0 = time.perf_counter()
                 rc = self.ctx.decode(self.batch.view(start, n))

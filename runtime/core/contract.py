@@ -160,12 +160,10 @@ class Backend(Closeable, ABC):
     # then stamp every time with that clock instead of the wall clock.
     clock: Any = None
 
-    # Whether `execute` can stop part-way when its `abort` flag is set, and the prompt
-    # tokens it computes as one unit (llama.cpp's micro-batch): an iteration it may not stop
-    # (one with decodes) is kept to about this much background prompt work, so a chat that
-    # arrives meanwhile waits for one unit, not a whole batch.
+    # Whether `execute` can stop the prompt work of an iteration part-way when its `abort`
+    # flag is set. Decode tokens are never stopped: they are computed (and sampled) first,
+    # and the flag is only watched while prompt chunks compute.
     supports_abort: bool = False
-    abort_unit: int | None = None
     # Saved prompt prefixes (None: every prompt is computed from its first token).
     prefix_cache: PrefixCache | None = None
 

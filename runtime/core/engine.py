@@ -187,8 +187,10 @@ class Engine:
     def preempt(self) -> None:
         """A foreground request is arriving (call from any thread, then `add` it): stop the
         iteration in flight if it holds only background prompt work, keeping what it
-        finished. An iteration with decode tokens is never stopped. Arrivals trigger it,
-        not a timer: the replay calls it at a foreground request's arrival time."""
+        finished. Chats' tokens are never stopped, nor are decodes (an iteration with a
+        chat's decode runs whole; documents' decodes finish before their iteration's prompt
+        work, which is what stops). Arrivals trigger it, not a timer: the replay calls it at
+        a foreground request's arrival time."""
         self._abort_at = self.clock.now()
         self._abort.set()
 
@@ -213,18 +215,6 @@ class Engine:
         if self.guard is not None:
             self.guard.update()
             background_cap = self.guard.background_cap(budget, self.backend.capacity.n_batch)
-        unit = self.backend.abort_unit
-        if (
-            unit
-            and self.policy.caps
-            and state.n_decode_background
-            and not state.n_decode_foreground
-            and not defer
-        ):
-            # Documents' decodes make an iteration unstoppable for a chat's arrival: keep
-            # the document prompt work beside them to one unit (~0.3 s here, not ~2.5 s).
-            # (Beside a chat's decodes the policy's budget decides.)
-            background_cap = unit if background_cap is None else min(background_cap, unit)
         floor = self.policy.foreground_chunk(state) if state.foreground_prompt_left else None
         plan = self.scheduler.plan(budget, background_cap, defer, floor, self.policy.caps)
         if plan.empty:
@@ -236,7 +226,15 @@ class Engine:
             by_class[by_id[rid].cls] += n
         n_fg = sum(by_id[rid].cls == "foreground" for rid in plan.decode)
         work = self.scheduler.work(plan)
-        abortable = self.backend.supports_abort and not plan.decode and by_class["foreground"] == 0
+        # A chat arriving meanwhile stops the documents' prompt work; documents' decodes in
+        # it finish first (the backend computes them before any prompt chunk). Chats' work
+        # is never stopped: neither their prompts nor iterations that carry their tokens.
+        abortable = (
+            self.backend.supports_abort
+            and plan.n_prefill > 0
+            and n_fg == 0
+            and by_class["foreground"] == 0
+        )
         started = self.clock.now()
         host_s = None if self._device_done is None else started - self._device_done
         try:
@@ -325,9 +323,9 @@ class Engine:
         saved_s = self._save_prefixes(done)
         timing = timing_of(
             [
-                replace(w, tokens=w.tokens[: kept_by_seq.get(w.seq_id, 0)])
+                w if w.is_decode else replace(w, tokens=w.tokens[: kept_by_seq.get(w.seq_id, 0)])
                 for w in work
-                if kept_by_seq.get(w.seq_id)
+                if w.is_decode or kept_by_seq.get(w.seq_id)
             ],
             result.duration_s,
             budget=plan.budget,
