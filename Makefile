@@ -38,10 +38,13 @@ test: setup-vllm
 	$(BIN)/python -m pytest
 
 # Not part of the tests: llama-server (built from llama-cpp-python's vendored source) against
-# edgeprefill's policies on two workloads, 3 seeds (~1 h on 2 cores; RESULTS.md section S).
+# edgeprefill's policies on two workloads, 3 seeds, then iterations against
+# llama-batched-bench (~1.3 h on 2 cores; RESULTS.md sections S and B).
 bench-versus: setup
 	benchmarks/build_llamacpp_tools.sh $(BIN)/python
 	$(BIN)/python benchmarks/versus_server.py run --out results/versus
+	$(BIN)/python benchmarks/throughput.py --tools build/llamacpp-tools/build/bin \
+		--out results/versus/throughput.json
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

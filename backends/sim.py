@@ -108,7 +108,9 @@ class SimBackend(Backend):
         if self.noise:
             duration *= max(0.0, 1.0 + self.noise * float(self._rng.normal()))
         if self.residuals.size:
-            duration = max(0.0, duration + float(self._rng.choice(self.residuals)))
+            # No iteration is free: one a residual would make shorter than a tenth of its
+            # prediction takes that tenth.
+            duration = max(duration / 10, duration + float(self._rng.choice(self.residuals)))
         self.clock.sleep(duration)
         span = self.tokenizer.vocab_size - FIRST_NORMAL
         sampled = {

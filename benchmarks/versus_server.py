@@ -139,9 +139,10 @@ def frontier_share(run_dir: Path, target_s: float = TARGET_ITL_S) -> float | Non
     `edgeprefill calibrate` does): with k decodes, an iteration of `target_s` (less the
     host's median time between iterations) holds the decodes' cost plus at most n prompt
     tokens of a chunk at the documents' token-weighted mean depth; the frontier computes
-    n/target_s tokens per second while that composition lasts, less what chats' own prompts
-    took. Summed over every iteration in which a chat decoded while some document had
-    arrived and not finished its prompt."""
+    n/target_s tokens per second while that composition lasts. Summed over every iteration
+    in which a chat decoded while some document had arrived and not finished its prompt,
+    and no chat's prompt was computed (that time belongs to a chat's first token, which
+    the frontier of documents against decodes does not price)."""
     its = [json.loads(line) for line in (run_dir / "iterations.jsonl").open()]
     reqs = [json.loads(line) for line in (run_dir / "requests.jsonl").open()]
     docs = [r for r in reqs if r["class"] == "background" and r["token_times_s"]]
@@ -155,6 +156,7 @@ def frontier_share(run_dir: Path, target_s: float = TARGET_ITL_S) -> float | Non
         i
         for i in its
         if i["n_decode_foreground"]
+        and not i["n_prefill_foreground"]
         and not i.get("error")
         and any(a <= i["t_start_s"] < b for a, b in reading)
     ]
@@ -165,7 +167,7 @@ def frontier_share(run_dir: Path, target_s: float = TARGET_ITL_S) -> float | Non
         ctx = i["n_decode"] * 600  # a chat's decode attends to its few hundred cells
         n = model.max_prefill(room, i["n_decode"], ctx, int(depth))
         wall = i["duration_s"] + (i["host_s"] or 0.0)
-        bound += max(n - i["n_prefill_foreground"], 0) * wall / target_s
+        bound += n * wall / target_s
         done += i["n_prefill_background"]
     return done / bound if bound else None
 
