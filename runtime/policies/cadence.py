@@ -15,11 +15,12 @@ jitter and its own misfit, is taken off the target as a margin: the `tail_pct` p
 the current model's errors on the recent iterations that held foreground decodes beside a
 prompt chunk (errors of the model in use, so a model corrected early in a run does not keep
 paying for its first guesses). A chat's own prompt chunk gets the margin of the iterations
-that held only chats' prompt work: shallow chunks the model predicts within a few
-milliseconds, where deep document chunks miss by tens (measured here: P99 error 3-9 ms
-against 13-39 ms), so a waiting chat is not slowed by the documents' unpredictability. So is the host's own time between device calls, which a
-foreground token waits for too: the target is a gap between tokens the user sees, not a
-device time.
+that held only chats' prompt work: shallow chunks are often predicted within a few
+milliseconds where deep document chunks miss by tens (P99 errors of 3-9 ms against 13-39
+ms in RESULTS.md section D's runs, though not in every run), and a waiting chat should not
+pay for the documents' unpredictability. The host's own time between device calls is taken
+off too, since a foreground token waits for it: the target is a gap between tokens the user
+sees, not a device time.
 
 Why the tail and not the mean: on a CPU an iteration beside a decode costs a fixed part
 (passes, sampled rows) plus ~2-4 ms per prompt token, so background throughput is set by the

@@ -149,7 +149,7 @@ def run_options(o: dict[str, Any], progress: bool | None = None) -> Any:
         )
     if o["sim_noise"] != "none" and o["backend"] != "sim":
         raise UserError(
-            f"--sim-noise applies to --backend sim only (a real device brings its own): "
+            "--sim-noise applies to --backend sim only (a real device brings its own): "
             f"drop it for --backend {o['backend']}"
         )
     if o["thermal_aware"] and (not o["telemetry"] or o["backend"] == "sim"):
