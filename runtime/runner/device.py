@@ -147,6 +147,13 @@ def run_options(o: dict[str, Any], progress: bool | None = None) -> Any:
             "--max-background/--foreground-kv apply to the llama.cpp backend; vLLM admits "
             "requests by its own KV-cache accounting: drop them"
         )
+    seqs = o["max_background"]
+    if seqs is not None and not 1 <= seqs <= o["n_seq_max"]:
+        # (BackgroundLimits checks it too, but only once the device is open and probed.)
+        raise UserError(
+            f"background sequences must be between 1 and n_seq_max ({o['n_seq_max']}), "
+            f"got {seqs}: change --max-background or --n-seq-max"
+        )
     if o["sim_noise"] != "none" and o["backend"] != "sim":
         raise UserError(
             "--sim-noise applies to --backend sim only (a real device brings its own): "
