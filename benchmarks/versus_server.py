@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from edgeprefill.runtime.analysis.compare import paired
+from edgeprefill.runtime.analysis.compare import metric, paired
+from edgeprefill.runtime.analysis.rundata import load_run
 from edgeprefill.runtime.runner.calibration import profile_from_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,7 +81,11 @@ def run_one(cfg: Config, workload: str, seed: int, out: Path, tools: Path) -> No
 
 def run(out: Path, seeds: int, tools: Path) -> None:
     if not (tools / "llama-server").exists():
-        sys.exit(f"no llama-server in {tools}: run benchmarks/build_llamacpp_tools.sh first")
+        print(
+            f"error: no llama-server in {tools}: run benchmarks/build_llamacpp_tools.sh first",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     for seed in range(seeds):
         for workload in WORKLOADS:
             configs = CONFIGS[seed % len(CONFIGS) :] + CONFIGS[: seed % len(CONFIGS)]
@@ -126,11 +131,6 @@ def load(run_dir: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def value(summary: dict[str, Any], cls: str, key: str) -> float | None:
-    v = summary[cls].get(key)
-    return None if v is None else float(v)
-
-
 def frontier_share(run_dir: Path, target_s: float = TARGET_ITL_S) -> float | None:
     """The background prompt tokens a run computed while chats decoded, as a share of the
     most any policy could have computed in the same time at `target_s` (issue 15, 3b).
@@ -143,14 +143,19 @@ def frontier_share(run_dir: Path, target_s: float = TARGET_ITL_S) -> float | Non
     in which a chat decoded while some document had arrived and not finished its prompt,
     and no chat's prompt was computed (that time belongs to a chat's first token, which
     the frontier of documents against decodes does not price)."""
-    its = [json.loads(line) for line in (run_dir / "iterations.jsonl").open()]
-    reqs = [json.loads(line) for line in (run_dir / "requests.jsonl").open()]
+    run = load_run(run_dir)
+    its, reqs = run.iterations, run.requests
     docs = [r for r in reqs if r["class"] == "background" and r["token_times_s"]]
     if not docs:
         return None
     lengths = [r["prompt_tokens"] for r in docs]
     depth = sum(n * n / 2 for n in lengths) / sum(lengths)
     reading = [(r["arrival_s"], r["token_times_s"][0]) for r in docs]
+    chats = [r for r in reqs if r["class"] == "foreground" and r["token_times_s"]]
+    # A chat's decode attends to its prompt and half its output, on average.
+    if not chats:
+        return None
+    chat_ctx = float(np.mean([r["prompt_tokens"] + len(r["token_times_s"]) / 2 for r in chats]))
     model = profile_from_run(run_dir).cost
     chatting = [
         i
@@ -164,7 +169,7 @@ def frontier_share(run_dir: Path, target_s: float = TARGET_ITL_S) -> float | Non
     room = target_s - (float(np.median(hosts)) if hosts else 0.0)
     done = bound = 0.0
     for i in chatting:
-        ctx = i["n_decode"] * 600  # a chat's decode attends to its few hundred cells
+        ctx = int(i["n_decode"] * chat_ctx)
         n = model.max_prefill(room, i["n_decode"], ctx, int(depth))
         wall = i["duration_s"] + (i["host_s"] or 0.0)
         bound += n * wall / target_s
@@ -176,8 +181,7 @@ def host_share(run_dir: Path) -> float | None:
     """Host time between device calls (planning, sampling, bookkeeping) as a share of
     iteration time, over every iteration that followed another without idling (3a)."""
     host = device = 0.0
-    for line in (run_dir / "iterations.jsonl").open():
-        i = json.loads(line)
+    for i in load_run(run_dir).iterations:
         if i["host_s"] is not None:
             host += i["host_s"]
             device += i["duration_s"]
@@ -209,7 +213,7 @@ def per_seed_table(runs: dict[str, dict[str, Any]], stem: str, out: Path) -> lis
                 continue
             cells = [seed[4:], name]
             for _, cls, key, _, fmt in COLUMNS:
-                v = value(s, cls, key)
+                v = metric(s, cls, key)
                 cells.append("-" if v is None else fmt.format(v))
             if "TTFT / chat_only" in head:
                 cells.append(ttft_vs_alone(s, alone))
@@ -244,8 +248,8 @@ def ratio_table(runs: dict[str, dict[str, Any]]) -> list[str]:
         for theirs in SERVER:
             cells = [ours, theirs]
             for _, cls, key, _, _ in COLUMNS:
-                a = [value(runs[s][ours], cls, key) if runs[s][ours] else None for s in seeds]
-                b = [value(runs[s][theirs], cls, key) if runs[s][theirs] else None for s in seeds]
+                a = [metric(runs[s][ours], cls, key) if runs[s][ours] else None for s in seeds]
+                b = [metric(runs[s][theirs], cls, key) if runs[s][theirs] else None for s in seeds]
                 p = paired(a, b)
                 if not p["n"]:
                     cells.append("-")

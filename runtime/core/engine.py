@@ -283,13 +283,13 @@ class Engine:
         per document, and as host time it would enter a policy's tail margin (cadence's
         margin sat at its cap for hundreds of iterations after each ~70 ms copy)."""
         cache = self.backend.prefix_cache
-        due = self.scheduler.saves_due(plan) if cache is not None else []
-        if not due:
+        due = [] if cache is None else self.scheduler.saves_due(plan)
+        if cache is None or not due:
             return None
         t0 = self.clock.now()
         for req in due:
             assert req.seq_id is not None
-            cache.save(req.seq_id, req.prompt[: req.num_computed])  # type: ignore[union-attr]
+            cache.save(req.seq_id, req.prompt[: req.num_computed])
         spent = self.clock.now() - t0
         if self._device_done is not None:
             self._device_done += spent

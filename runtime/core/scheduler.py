@@ -39,17 +39,22 @@ class BackgroundLimits:
         seqs = self.max_seqs if self.max_seqs is not None else max(capacity.n_seq_max // 2, 1)
         kv = self.foreground_kv_cells
         kv = kv if kv is not None else capacity.n_ctx // 8
-        if not 1 <= seqs <= capacity.n_seq_max:
-            raise ValueError(
-                f"background sequences must be between 1 and n_seq_max ({capacity.n_seq_max}), "
-                f"got {seqs}"
-            )
+        check_background_seqs(seqs, capacity.n_seq_max)
         if not 0 <= kv < capacity.n_ctx:
             raise ValueError(
                 f"foreground KV reserve must be between 0 and n_ctx - 1 ({capacity.n_ctx - 1}), "
                 f"got {kv}"
             )
         return seqs, kv
+
+
+def check_background_seqs(seqs: int, n_seq_max: int) -> None:
+    """Background work may hold 1 to n_seq_max sequences (a command line checks it before
+    the model loads, `resolve` again for any caller)."""
+    if not 1 <= seqs <= n_seq_max:
+        raise ValueError(
+            f"background sequences must be between 1 and n_seq_max ({n_seq_max}), got {seqs}"
+        )
 
 
 # The most iterations in a row a background decode may be left out of.

@@ -15,10 +15,9 @@ jitter and its own misfit, is taken off the target as a margin: the `tail_pct` p
 the current model's errors on the recent iterations that held foreground decodes beside a
 prompt chunk (errors of the model in use, so a model corrected early in a run does not keep
 paying for its first guesses). A chat's own prompt chunk gets the margin of the iterations
-that held only chats' prompt work: shallow chunks are often predicted within a few
-milliseconds where deep document chunks miss by tens (P99 errors of 3-9 ms against 13-39
-ms in RESULTS.md section D's runs, though not in every run), and a waiting chat should not
-pay for the documents' unpredictability. The host's own time between device calls is taken
+that held only chats' prompt work: a chat's shallow chunk is often predicted better than a
+deep document chunk (not in every run), and a waiting chat should not pay for the
+documents' unpredictability. The host's own time between device calls is taken
 off too, since a foreground token waits for it: the target is a gap between tokens the user
 sees, not a device time.
 
@@ -144,13 +143,16 @@ class CadencePolicy(BudgetPolicy):
 
     @property
     def _target_s(self) -> float:
-        return self._need(self.itl_ms, "itl_ms") / 1000 - self.margin_s - self.host_s
+        return self._target(self.margin_s)
+
+    def _target(self, margin: float) -> float:
+        return self._need(self.itl_ms, "itl_ms") / 1000 - margin - self.host_s
 
     def _target_for(self, state: SchedState) -> float:
         """The device time an iteration may take: a chat's prompt chunk, planned first,
         with its own margin when enough such iterations were seen."""
         if state.foreground_prompt_left and self._chat_margin is not None:
-            return self._need(self.itl_ms, "itl_ms") / 1000 - self._chat_margin - self.host_s
+            return self._target(self._chat_margin)
         return self._target_s
 
     def budget(self, state: SchedState) -> int | None:

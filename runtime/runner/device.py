@@ -137,7 +137,7 @@ def _profile(calibration: str, backend: Any) -> Any:
 
 def run_options(o: dict[str, Any], progress: bool | None = None) -> Any:
     """RunOptions from the command line's device options; bad values as one-line errors."""
-    from edgeprefill.runtime.core.scheduler import BackgroundLimits
+    from edgeprefill.runtime.core.scheduler import BackgroundLimits, check_background_seqs
     from edgeprefill.runtime.runner.session import RunOptions
     from edgeprefill.thermal.guard import ThermalSettings
     from edgeprefill.thermal.telemetry import TelemetryConfig
@@ -147,13 +147,11 @@ def run_options(o: dict[str, Any], progress: bool | None = None) -> Any:
             "--max-background/--foreground-kv apply to the llama.cpp backend; vLLM admits "
             "requests by its own KV-cache accounting: drop them"
         )
-    seqs = o["max_background"]
-    if seqs is not None and not 1 <= seqs <= o["n_seq_max"]:
-        # (BackgroundLimits checks it too, but only once the device is open and probed.)
-        raise UserError(
-            f"background sequences must be between 1 and n_seq_max ({o['n_seq_max']}), "
-            f"got {seqs}: change --max-background or --n-seq-max"
-        )
+    if o["max_background"] is not None:  # before the model loads and the device is probed
+        try:
+            check_background_seqs(o["max_background"], o["n_seq_max"])
+        except ValueError as e:
+            raise UserError(f"--max-background: {e}") from None
     if o["sim_noise"] != "none" and o["backend"] != "sim":
         raise UserError(
             "--sim-noise applies to --backend sim only (a real device brings its own): "
