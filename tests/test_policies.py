@@ -139,14 +139,14 @@ def test_dlfp_defaults_come_from_the_device_profile():
 
 # --- cadence ----------------------------------------------------------------------------
 def test_cadence_gives_background_everything_when_no_foreground_decodes():
-    p = CadencePolicy(itl_ms=150)
+    p = CadencePolicy(itl_ms=150, share=1)
     p.calibrate(profile())
     assert p.budget(state(n_p_run=1, n_d=2, n_d_fg=0)) is None
     assert p.budget(state(n_p_run=1, n_d=2, n_d_fg=1, decode_ctx=500, pos=3000)) > 0
 
 
 def test_cadence_budget_shrinks_deeper_into_a_document():
-    p = CadencePolicy(itl_ms=150)
+    p = CadencePolicy(itl_ms=150, share=1)
     p.calibrate(profile())
     shallow = p.budget(state(n_p_run=1, n_d=1, n_d_fg=1, decode_ctx=300, pos=0))
     deep = p.budget(state(n_p_run=1, n_d=1, n_d_fg=1, decode_ctx=300, pos=8000))
@@ -157,7 +157,7 @@ def test_cadence_converges_to_the_target_on_a_known_cost_model():
     # The policy starts from a wrong model (everything half as expensive) and must learn
     # the device's from completed iterations.
     wrong = CostModel(0.010, 0.001, 0.0015, 0.0005)
-    p = CadencePolicy(itl_ms=150)
+    p = CadencePolicy(itl_ms=150, share=1)
     p.calibrate(profile(wrong))
     iterations = drain(Engine(SimBackend(COST, CAP), p), requests(chats=2, docs=2))
     mixed = [it for it in iterations if it.timing.n_decode_foreground and it.plan.n_prefill]
@@ -173,7 +173,7 @@ def test_every_policy_parses_from_the_command_line():
     for spec in (
         "ppas:nth=2,bmax=4096,bcap=64",
         "dlfp:target_ms=80,quantum=16",
-        "cadence:itl_ms=120",
+        "cadence:itl_ms=120,share=0.3",
     ):
         assert parse_policy(spec).name == spec.split(":")[0]
 
@@ -184,7 +184,7 @@ def test_cadence_keeps_its_tail_percentile_under_target_on_a_noisy_device():
     # average, and a looser tail must buy the background more of the room.
     means = {}
     for tail in (99.0, 90.0):
-        p = CadencePolicy(itl_ms=150, tail_pct=tail)
+        p = CadencePolicy(itl_ms=150, tail_pct=tail, share=1)
         p.calibrate(profile())
         backend = SimBackend(COST, CAP, noise=0.15, seed=1)
         iterations = drain(Engine(backend, p), requests(chats=2, docs=2, chat_out=400))
@@ -204,7 +204,7 @@ def test_one_outlier_cannot_make_cadence_starve_the_documents():
     """An iteration beside a chat that ran far over the model (a stall of the shared
     machine) enters the margin; the margin is capped so that prompt work still fits, and
     the documents keep progressing instead of waiting for the outlier to age out."""
-    p = CadencePolicy(itl_ms=100)
+    p = CadencePolicy(itl_ms=100, share=1)
     p.calibrate(profile())
     model = p._model
 
@@ -272,8 +272,19 @@ def test_cadence_prices_the_end_of_a_prompt():
     assert max(it.timing.duration_s for it in ends) <= 0.150
 
 
+def test_nothing_rides_after_the_end_of_a_chats_prompt():
+    """The chat's first token waits for its whole iteration: room left after the end of a
+    chat's prompt is not given to a document (it is after a document's)."""
+    p = CadencePolicy(itl_ms=150, share=1)
+    p.calibrate(profile())
+    document = SchedState(1, 1, 1, 1, 2048, decode_ctx=300, next_prefill_left=10)
+    assert p.budget(document) > 10
+    chat = replace(document, foreground_prompt_left=10)
+    assert p.budget(chat) == 10
+
+
 def test_cadence_defers_document_decodes_and_prompt_work_when_the_chat_target_is_at_risk():
-    p = CadencePolicy(itl_ms=120, min_tokens=8)
+    p = CadencePolicy(itl_ms=120, min_tokens=8, share=1)
     # As on a small model: a sampled row costs more than a pass over the weights.
     p.calibrate(profile(CostModel(0.010, 0.030, 0.003, 0.001)))
     # Two chats and two summaries decoding: 166 ms predicted with them, 81 without.
@@ -288,6 +299,35 @@ def test_cadence_defers_document_decodes_and_prompt_work_when_the_chat_target_is
     over = SchedState(1, 0, 6, 6, 512, decode_ctx=3000, decode_ctx_foreground=3000)
     budgets = [p.budget(over) for _ in range(MAX_STARVED + 2)]
     assert budgets[:MAX_STARVED] == [0] * MAX_STARVED and budgets[MAX_STARVED] == 8
+
+
+def test_cadence_gives_documents_their_share_of_a_chats_iterations_in_full_chunks():
+    """While a chat decodes, documents take at most `share` of the device's time, in
+    chunks that fill an iteration to the target rather than in crumbs beside every token,
+    so the chat answers sooner; with share=1 they fill every iteration."""
+    documents_part, chat_iteration = {}, {}
+    for share in (0.25, 1.0):
+        p = CadencePolicy(itl_ms=150, share=share)
+        p.calibrate(profile())
+        iterations = drain(
+            Engine(SimBackend(COST, CAP), p), requests(chats=1, docs=1, chat_out=300)
+        )
+        chatting = [
+            it.timing
+            for it in iterations
+            if it.timing.n_decode_foreground and not it.timing.n_prefill_foreground
+        ]
+        assert len(chatting) >= 299
+        total = sum(t.duration_s for t in chatting)
+        alone = sum(COST.predict(t.n_decode_foreground, 0, 0, 0) for t in chatting)
+        documents_part[share] = (total - alone) / total
+        chat_iteration[share] = total / len(chatting)
+        with_chunk = [t.duration_s for t in chatting if t.n_prefill]
+        assert max(with_chunk) <= 0.150 * 1.01
+        assert np.median(with_chunk) >= 0.150 * 0.8
+    assert 0.15 <= documents_part[0.25] <= 0.25 + 0.02  # progressing, within their share
+    assert documents_part[1.0] > 0.7
+    assert chat_iteration[0.25] < 0.4 * chat_iteration[1.0]
 
 
 def test_cadence_sizes_a_waiting_chat_prompt_by_the_time_left_to_its_ttft_target():

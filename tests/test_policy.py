@@ -37,6 +37,7 @@ def test_unlimited_has_no_cap():
         ("static:64,128", "unexpected '128'"),
         ("unlimited:5", "unlimited takes no parameters"),
         ("cadence:tail_pct=100", "tail_pct must be at least 50 and under 100, got 100"),
+        ("cadence:share=0", "share must be over 0 and at most 1, got 0"),
     ],
 )
 def test_bad_specs_say_what_is_allowed(spec, message):

@@ -27,6 +27,19 @@ mean iteration time whichever policy chose it, while the P99 a person feels is s
 far iterations scatter above that mean. Predicting each iteration scatters them less than
 DLFP's proportional steps; spending that on the tail gives a lower P99 at the same
 throughput (RESULTS.md, section 0).
+
+Why not fill every chat iteration up to the target: documents' work rides beside a chat's
+decodes only up to `share` of the device's time while chats decode. On llama.cpp a prompt
+chunk beside decodes is a pass of its own, so riding along saves the documents nothing,
+while every slower chat token keeps the chat alive longer; the next chat then more often
+arrives while others decode, and its prompt is computed beside their decodes under their
+ITL (one run: 9 of 14 chats arrived beside others at ~7 s per answer, 3 of 14 without
+documents at ~1.5 s). What documents do not take beside a chat they take once it has
+answered, as large background-only chunks (abortable, so a new chat does not wait for
+them), which cost fewer passes per token than small chunks. With chats that never pause,
+`share` is what the documents are guaranteed. It is kept with a credit: each chat iteration
+earns `share` of its time, and the documents' part of it (its time beyond the chats' own
+decodes) spends it; while the credit is spent their prompt and decodes wait.
 """
 
 from __future__ import annotations
@@ -52,6 +65,8 @@ MAX_STARVED = 8
 # the tail percentile of a shrinking sample and starve the documents (seen: the margin
 # crept from 118 to 140 ms of a 100 ms target while only chats decoded).
 MAX_MARGIN_SHARE = 0.5
+# Documents' share of the device's time while chats decode (see the module's docstring).
+DEFAULT_SHARE = 0.5
 
 
 @POLICIES.register("cadence")
@@ -70,6 +85,8 @@ class CadencePolicy(BudgetPolicy):
     # ongoing chats' ITL costs for those iterations (None: each request's own target, 1 s
     # for a chat unless its workload or caller says otherwise).
     ttft_ms: float | None = None
+    share: float = DEFAULT_SHARE  # most of the device's time documents take beside chats
+    _credit: float = field(default=0.0, init=False, repr=False)  # seconds documents may take
     _model: CostModel | None = field(default=None, init=False, repr=False)
     _anchor: list[IterationTiming] = field(default_factory=list, init=False, repr=False)
     _recent: deque[IterationTiming] = field(default_factory=deque, init=False, repr=False)
@@ -92,6 +109,8 @@ class CadencePolicy(BudgetPolicy):
             raise ValueError(f"window must be at least 8 iterations, got {self.window}")
         if self.min_tokens is not None and self.min_tokens < 0:
             raise ValueError(f"min_tokens must not be negative, got {self.min_tokens}")
+        if not 0 < self.share <= 1:
+            raise ValueError(f"share must be over 0 and at most 1, got {self.share}")
         if not 50 <= self.tail_pct < 100:
             raise ValueError(f"tail_pct must be at least 50 and under 100, got {self.tail_pct}")
         self._recent = deque(maxlen=self.window)
@@ -129,12 +148,18 @@ class CadencePolicy(BudgetPolicy):
             return left
         return math.ceil(left / iterations)
 
+    def _documents_wait(self, state: SchedState) -> bool:
+        """Documents have spent their share of the chats' iterations."""
+        return state.n_decode_foreground > 0 and self.share < 1 and self._credit <= 0
+
     def defer_background_decodes(self, state: SchedState) -> bool:
-        """Leave documents' decodes out while a chat decodes, when with them (and the
-        smallest prompt chunk) the iteration is predicted over the target: on a small model
-        every sampled row costs as much as a chat's own token."""
+        """Leave documents' decodes out while a chat decodes, when their share is spent or
+        when with them (and the smallest prompt chunk) the iteration is predicted over the
+        target: on a small model every sampled row costs as much as a chat's own token."""
         if state.n_decode_foreground == 0 or self._model is None or self.itl_ms is None:
             return False
+        if self._documents_wait(state):
+            return True
         floor = self.min_tokens or 0
         t = self._model.predict(
             state.n_decode, floor, 1 if floor else 0, state.decode_ctx, n_sampled=state.n_decode
@@ -160,6 +185,9 @@ class CadencePolicy(BudgetPolicy):
             self._last_budget = None
             return None
         model = self._need(self._model, "cost model (device calibration)")
+        if not state.foreground_prompt_left and self._documents_wait(state):
+            self._last_budget = 0
+            return 0
         target = self._target_for(state)
         c = model.max_prefill(target, state.n_decode, state.decode_ctx, state.next_prefill_pos)
         if 0 < state.next_prefill_left <= c:
@@ -177,12 +205,16 @@ class CadencePolicy(BudgetPolicy):
     def _past_prompt_end(self, model: CostModel, target: float, state: SchedState) -> int:
         """The chunk fits the rest of the prompt, which costs more than its tokens: its last
         token is sampled, and tokens past it open another chunk, another pass over the
-        weights. Without this the iterations that end a prompt form the foreground's tail."""
+        weights. Without this the iterations that end a prompt form the foreground's tail.
+        Nothing is added after a chat's prompt: its first token would wait for it (seen: a
+        chat's last prompt token beside 41 document tokens, 98 ms instead of ~35)."""
         left, pos = state.next_prefill_left, state.next_prefill_pos
         ctx = state.decode_ctx + left * pos + left * (left + 1) // 2
         t = model.predict(state.n_decode, left, 1, ctx, n_sampled=state.n_decode + 1)
         if t > target:
             return left - 1  # the scheduler keeps the remainder a valid chunk
+        if state.foreground_prompt_left:
+            return left  # a chat's first token waits for all of it: nothing rides along
         more = model.max_prefill(target - t, 0, 0, 0)  # a new prompt: its pass, at position 0
         return left + (more if more >= (self.min_tokens or 1) else 0)
 
@@ -197,6 +229,7 @@ class CadencePolicy(BudgetPolicy):
         return self._margin
 
     def observe(self, timing: IterationTiming) -> None:
+        self._spend(timing)
         if timing.n_decode_foreground and timing.host_s is not None:
             self._host.append(timing.host_s)
         self._recent.append(timing)
@@ -210,6 +243,23 @@ class CadencePolicy(BudgetPolicy):
             self._margin = self._tail_error(mixed)
         if len(self._chats) >= 8:
             self._chat_margin = self._tail_error(list(self._chats))
+
+    def _spend(self, timing: IterationTiming) -> None:
+        """Earn `share` of a chat iteration's time; what it took beyond the chats' own
+        decodes (as the model prices them) was the documents'. A chat's prompt iteration
+        neither earns nor spends: documents have no part in it. The credit starts at 0 with
+        each chatting spell, so a chat's first tokens come alone, and never exceeds one
+        iteration's share, so a long run of chat-only iterations does not add up to a
+        burst of document work."""
+        if not timing.n_decode_foreground:
+            self._credit = 0.0
+            return
+        if timing.n_prefill_foreground or self._model is None:
+            return
+        chats = self._model.predict(timing.n_decode_foreground, 0, 0, 0)
+        documents = max(0.0, timing.duration_s - chats)
+        cap = self.share * self._need(self.itl_ms, "itl_ms") / 1000
+        self._credit = min(cap, self._credit + self.share * timing.duration_s - documents)
 
     def _tail_error(self, timings: list[IterationTiming]) -> float:
         """The gap a person sees, at `tail_pct`: the device's error plus the host's
@@ -228,6 +278,7 @@ class CadencePolicy(BudgetPolicy):
             "tail_pct": self.tail_pct,
             "window": self.window,
             "min_tokens": self.min_tokens,
+            "share": self.share,
         }
 
     def snapshot(self) -> dict[str, Any]:
@@ -237,6 +288,7 @@ class CadencePolicy(BudgetPolicy):
             "margin_ms": self.margin_s * 1e3,
             "chat_margin_ms": None if self._chat_margin is None else self._chat_margin * 1e3,
             "host_ms": self.host_s * 1e3,
+            "credit_ms": self._credit * 1e3,
             "model_ms": None
             if m is None
             else {
