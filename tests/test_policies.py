@@ -200,10 +200,11 @@ def test_cadence_keeps_its_tail_percentile_under_target_on_a_noisy_device():
     assert means[90.0] > means[99.0] * 1.05
 
 
-def test_one_outlier_cannot_make_cadence_starve_the_documents():
-    """An iteration beside a chat that ran far over the model (a stall of the shared
-    machine) enters the margin; the margin is capped so that prompt work still fits, and
-    the documents keep progressing instead of waiting for the outlier to age out."""
+def test_one_stall_is_not_the_margin_and_stalls_cannot_starve_the_documents():
+    """One iteration beside a chat far over the model (a stall of the shared machine) is
+    not taken for the tail of a few dozen samples; two of eight are, but the margin is
+    capped so that prompt work still fits and the documents keep progressing instead of
+    waiting for the stalls to age out."""
     p = CadencePolicy(itl_ms=100, share=1)
     p.calibrate(profile())
     model = p._model
@@ -214,6 +215,8 @@ def test_one_outlier_cannot_make_cadence_starve_the_documents():
     for _ in range(7):
         p.observe(mixed(model.predict(1, 20, 1, 600)))
     p.observe(mixed(0.5))  # a 0.5 s stall
+    assert p.margin_s < 0.005
+    p.observe(mixed(0.5))
     assert p.margin_s == pytest.approx(0.050)
     chat = SchedState(1, 0, 1, 1, 2048, decode_ctx=600, next_prefill_left=1000)
     assert p.budget(chat) > 0
