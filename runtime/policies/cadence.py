@@ -34,7 +34,7 @@ chunk beside decodes is a pass of its own, so riding along saves the documents n
 while every slower chat token keeps the chat alive longer; the next chat then more often
 arrives while others decode, and its prompt is computed beside their decodes under their
 ITL (one run: 9 of 14 chats arrived beside others at ~7 s per answer, 3 of 14 without
-documents at ~1.5 s). What documents do not take beside a chat they take once it has
+documents at ~1.3 s). What documents do not take beside a chat they take once it has
 answered, as large background-only chunks (abortable, so a new chat does not wait for
 them), which cost fewer passes per token than small chunks. With chats that never pause,
 `share` is what the documents are guaranteed. It is kept with a credit: each chat iteration
@@ -268,9 +268,9 @@ class CadencePolicy(BudgetPolicy):
         The tail is the error that the `100 - tail_pct` percent of samples above it may
         exceed, and at least one sample always may: a percentile of a few dozen samples is
         their largest, so one stall of the shared machine would be the margin for as long
-        as it stays in the sample (seen: one 169 ms iteration where 95 were predicted put a
-        chat's prompt margin at its 50 ms cap for the rest of a run; three chats' prompts
-        then ran in half-full iterations and waited ~0.8-1 s for their first token)."""
+        as it stays in the sample (seen: one 169 ms iteration, of a kind that takes ~80 ms,
+        put a chat's prompt margin at its 50 ms cap for the rest of a run; three chats'
+        prompts then ran in half-full iterations and waited 0.8-1 s for their first token)."""
         assert self._model is not None
         median = self.host_s
         host = np.array([0.0 if t.host_s is None else t.host_s - median for t in timings])
