@@ -171,7 +171,11 @@ class CadencePolicy(BudgetPolicy):
         return self._target(self.margin_s)
 
     def _target(self, margin: float) -> float:
-        return self._need(self.itl_ms, "itl_ms") / 1000 - margin - self.host_s
+        return self._itl_s - margin - self.host_s
+
+    @property
+    def _itl_s(self) -> float:
+        return self._need(self.itl_ms, "itl_ms") / 1000
 
     def _target_for(self, state: SchedState) -> float:
         """The device time an iteration may take: a chat's prompt chunk, planned first,
@@ -251,14 +255,17 @@ class CadencePolicy(BudgetPolicy):
         each chatting spell, so a chat's first tokens come alone, and never exceeds one
         iteration's share, so a long run of chat-only iterations does not add up to a
         burst of document work."""
+        if self.share >= 1:
+            return  # documents may fill every chat iteration: nothing to keep
         if not timing.n_decode_foreground:
             self._credit = 0.0
             return
-        if timing.n_prefill_foreground or self._model is None:
+        if timing.n_prefill_foreground:
             return
-        chats = self._model.predict(timing.n_decode_foreground, 0, 0, 0)
+        model = self._need(self._model, "cost model (device calibration)")
+        chats = model.predict(timing.n_decode_foreground, 0, 0, 0)
         documents = max(0.0, timing.duration_s - chats)
-        cap = self.share * self._need(self.itl_ms, "itl_ms") / 1000
+        cap = self.share * self._itl_s
         self._credit = min(cap, self._credit + self.share * timing.duration_s - documents)
 
     def _tail_error(self, timings: list[IterationTiming]) -> float:
@@ -276,7 +283,7 @@ class CadencePolicy(BudgetPolicy):
         host = np.array([0.0 if t.host_s is None else t.host_s - median for t in timings])
         errors = np.sort(self._model.residuals(timings) + host)
         above = max(1, int(len(errors) * (100 - self.tail_pct) / 100))
-        cap = MAX_MARGIN_SHARE * self._need(self.itl_ms, "itl_ms") / 1000
+        cap = MAX_MARGIN_SHARE * self._itl_s
         return min(cap, max(0.0, float(errors[-1 - above])))
 
     def params(self) -> dict[str, Any]:
