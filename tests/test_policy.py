@@ -14,13 +14,13 @@ STATE = SchedState(
 @pytest.mark.parametrize("spec", ["static:128", "static:tokens=128"])
 def test_static_spec_forms_build_the_same_cap(spec):
     policy = parse_policy(spec)
-    assert isinstance(policy, StaticPolicy) and policy.budget(STATE) == 128
+    assert isinstance(policy, StaticPolicy) and policy.decide(STATE).budget == 128
     assert policy.describe() == {"name": "static", "params": {"tokens": 128}}
 
 
 def test_unlimited_has_no_cap():
     policy = parse_policy("unlimited")
-    assert isinstance(policy, UnlimitedPolicy) and policy.budget(STATE) is None
+    assert isinstance(policy, UnlimitedPolicy) and policy.decide(STATE).budget is None
 
 
 @pytest.mark.parametrize(

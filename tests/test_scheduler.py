@@ -4,7 +4,9 @@ background preempted at chunk boundaries, admission never over-commits the devic
 from __future__ import annotations
 
 from edgeprefill.runtime.core.request import Status
-from edgeprefill.runtime.core.scheduler import MAX_DEFERRED, BackgroundLimits
+from edgeprefill.runtime.core.scheduler import BackgroundLimits
+from edgeprefill.runtime.core.state import sched_state
+from tests import helpers
 from tests.helpers import EOG, make_request, make_scheduler, run_plan
 
 
@@ -141,8 +143,8 @@ def test_plan_is_a_printable_value():
     sched.add(make_request("chat", max_tokens=9))
     run_plan(sched, None)
     sched.add(make_request("doc", "background", prompt_len=500))
-    plan = sched.plan(64)
-    assert str(plan) == "Plan(budget=64, decode=[chat], prefill={doc: 64})"
+    plan = helpers.plan(sched, 64, reason="static")
+    assert str(plan) == "Plan(Decision(budget=64: static), decode=[chat], prefill={doc: 64})"
     assert plan.num_scheduled_tokens == {"chat": 1, "doc": 64}
 
 
@@ -244,19 +246,19 @@ def test_with_no_budget_no_background_prompt_rides_beside_a_chat_prompt():
     plan, _, _ = run_plan(sched, None)
     assert plan.decode == ("chat",) and plan.prefill == {"doc": 511}  # then the rest
     sched.add(make_request("chat2", "foreground", prompt_len=40))
-    plan = sched.plan(None, foreground_alone=False)  # `unlimited`: as llama-server would
+    plan = helpers.plan(sched, None, foreground_alone=False)  # `unlimited`: as llama-server
     assert plan.prefill == {"chat2": 40, "doc": 389}
 
 
-def test_background_decodes_are_deferred_on_request_but_never_too_long():
+def test_background_decodes_are_left_out_when_the_decision_defers_them():
     sched, _ = make_scheduler()
     sched.add(make_request("chat", "foreground", max_tokens=50))
     sched.add(make_request("doc", "background", max_tokens=50))
     run_plan(sched, 100)  # both prompts: both decode from now on
-    plans = [sched.plan(0, defer_background_decodes=True) for _ in range(MAX_DEFERRED + 1)]
-    for plan in plans[:MAX_DEFERRED]:
-        assert plan.decode == ("chat",) and plan.deferred == ("doc",)
-    assert set(plans[-1].decode) == {"chat", "doc"} and plans[-1].deferred == ()
+    plan = helpers.plan(sched, 0, defer_background_decodes=True)
+    assert plan.decode == ("chat",) and plan.deferred == ("doc",)
+    plan = helpers.plan(sched, 0)
+    assert set(plan.decode) == {"chat", "doc"} and plan.deferred == ()
 
 
 def test_a_foreground_floor_beats_the_budget_and_leaves_the_background_less():
@@ -265,9 +267,9 @@ def test_a_foreground_floor_beats_the_budget_and_leaves_the_background_less():
     sched.add(make_request("doc", "background", prompt_len=1000))
     run_plan(sched, 100)  # chat0 decodes from now on; the document has begun
     sched.add(make_request("chat1", "foreground", prompt_len=300, arrival_s=1.0))
-    assert sched.state(now_s=1.5).foreground_prompt_left == 300
-    assert sched.state(now_s=1.5).foreground_waited_s == 0.5
-    plan = sched.plan(16, foreground_floor=120)
+    state = sched_state(sched.candidates(), 512, None, now_s=1.5)
+    assert state.foreground_prompt_left == 300 and state.foreground_waited_s == 0.5
+    plan = helpers.plan(sched, 16, floor=120)
     assert plan.prefill == {"chat1": 120} and plan.decode == ("chat0",)
-    plan = sched.plan(200, foreground_floor=120)
+    plan = helpers.plan(sched, 200, floor=120)
     assert plan.prefill == {"chat1": 200}  # the budget was larger: it decides

@@ -24,7 +24,7 @@ from edgeprefill.thermal.nvml import NvmlSensor, decode_reasons
 from edgeprefill.thermal.rapl import RaplSensor
 from edgeprefill.thermal.sampler import TelemetrySampler
 from edgeprefill.thermal.sensor import Sensor, SensorStatus
-from tests.conftest import drain
+from tests.helpers import drain
 from tests.test_policies import CAP, COST, requests
 
 
@@ -382,8 +382,8 @@ def test_thermal_guard_scales_and_restores_the_background_budget():
     assert thermal[10]["reasons"] == ["temperature 92 C"]
     assert bg[30:40] == [256] * 10  # restored once below 85 C
     assert bg[40] == 64 and thermal[40]["reasons"] == ["on battery"]
-    assert its[40].plan.background_cap == 64
-    assert its[40].record()["background_cap"] == 64
+    assert its[40].plan.decision.background_cap == 64
+    assert its[40].record()["decision"]["background_cap"] == 64
 
 
 def test_thermal_guard_never_touches_the_foreground():
@@ -392,7 +392,7 @@ def test_thermal_guard_never_touches_the_foreground():
     engine = Engine(SimBackend(COST, CAP), parse_policy("static:512"), guard=guard)
     its = drain(engine, requests(chats=1, docs=1, doc_len=4000))
     assert its[0].prefill_by_class == {"foreground": 201, "background": 128}
-    assert its[0].plan.background_cap == 128
+    assert its[0].plan.decision.background_cap == 128
 
 
 def test_cpu_load_is_sampled_only_for_a_declared_tdp(tmp_path):

@@ -13,7 +13,8 @@ from typing import Any
 
 from edgeprefill.backends.vllm.steps import BACKGROUND_PRIORITY, FOREGROUND_PRIORITY
 from edgeprefill.runtime.core.budget import BudgetPolicy
-from edgeprefill.runtime.core.engine import Advance, Iteration, RunClock
+from edgeprefill.runtime.core.driver import RunClock
+from edgeprefill.runtime.core.iteration import Advance, Iteration
 from edgeprefill.runtime.core.plan import Plan
 from edgeprefill.runtime.core.request import Request, Status
 

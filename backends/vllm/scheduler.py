@@ -31,8 +31,9 @@ from edgeprefill.backends.vllm.steps import (
     prompt_left,
 )
 from edgeprefill.runtime.core.budget import BackgroundCap, BudgetPolicy
-from edgeprefill.runtime.core.plan import IterationTiming, Plan, SchedState
-from edgeprefill.runtime.core.scheduler import MAX_DEFERRED
+from edgeprefill.runtime.core.plan import Decision, Plan
+from edgeprefill.runtime.core.planner import Planner
+from edgeprefill.runtime.core.state import Candidate
 from edgeprefill.runtime.policies import parse_policy
 
 if not hasattr(Scheduler, "_reserve_prefill_lookahead"):  # private API: checked at import
@@ -48,7 +49,9 @@ def _left(req: Any, num_computed: int | None = None) -> int:
 
 
 class BudgetMixin:
-    """Applies a `BudgetPolicy` to each step and feeds it each completed step's timing."""
+    """An adapter between vLLM's scheduler and the core's `Planner`: vLLM's queues become
+    the planner's candidates, its decision becomes caps that `_reserve_prefill_lookahead`
+    applies, and each completed step's timing goes back to it."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -64,105 +67,79 @@ class BudgetMixin:
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         """Use this policy (and thermal guard) from the next step on; `clock` stamps steps."""
-        self.ep_policy = policy
-        self.ep_guard = guard
+        self.ep_planner = Planner(policy, guard)
         self.ep_clock = clock
         old = getattr(self, "ep_ledger", None)
         if old is not None and old.waiting:
             raise RuntimeError("a new policy while steps still wait for their timing")
         self.ep_ledger = StepLedger(old.next_step if old is not None else 0)
         self.ep_completed: list[CompletedStep] = []
-        self.ep_last: IterationTiming | None = None
         self._ep_left: int | None = None
         self._ep_bg_left: int | None = None
         self._ep_defer: tuple[str, ...] = ()  # background decodes this step leaves out
         self._ep_fg_floor = 0  # prompt tokens the first waiting chat gets, budget or not
-        self._ep_deferred_run = 0
         # The engine's requests' first-token targets, by vLLM's request id.
         self.ep_ttft_targets: dict[str, float] = getattr(self, "ep_ttft_targets", {})
 
+    @property
+    def ep_policy(self) -> BudgetPolicy:
+        return self.ep_planner.policy
+
+    @property
+    def ep_guard(self) -> BackgroundCap | None:
+        return self.ep_planner.guard
+
+    @ep_guard.setter
+    def ep_guard(self, guard: BackgroundCap | None) -> None:
+        self.ep_planner.guard = guard
+
     # --- before the step --------------------------------------------------------------
-    def _ep_state(self) -> SchedState:
-        running = list(self.running)  # type: ignore[attr-defined]
-        waiting = list(self.waiting)  # type: ignore[attr-defined]
-        decodes = [r for r in running if _left(r) == 0]
-        prefills = [r for r in running if _left(r) > 0] or waiting
-        head = min(prefills, key=lambda r: (r.priority, r.arrival_time), default=None)
-        chats = [
-            r for r in [*running, *waiting] if _left(r) and class_of(r.priority) == "foreground"
-        ]
-        chat = min(chats, key=lambda r: r.arrival_time, default=None)
-        return SchedState(
-            n_prefill_running=len(running) - len(decodes),
-            n_prefill_waiting=len(waiting),
-            n_decode=len(decodes),
-            n_decode_foreground=sum(class_of(r.priority) == "foreground" for r in decodes),
-            n_batch=self.max_num_scheduled_tokens,  # type: ignore[attr-defined]
-            last=self.ep_last,
-            decode_ctx=sum(r.num_computed_tokens + 1 for r in decodes),
-            next_prefill_pos=head.num_computed_tokens if head is not None else 0,
-            next_prefill_left=_left(head) if head is not None else 0,
-            decode_ctx_foreground=sum(
-                r.num_computed_tokens + 1 for r in decodes if class_of(r.priority) == "foreground"
-            ),
-            foreground_prompt_left=_left(chat) if chat is not None else 0,
-            foreground_prompt_pos=chat.num_computed_tokens if chat is not None else 0,
-            # vLLM stamps arrival_time with the wall clock when a request is added.
-            foreground_waited_s=max(time.time() - chat.arrival_time, 0.0) if chat else 0.0,
-            foreground_ttft_target_s=self.ep_ttft_targets.get(chat.request_id) if chat else None,
-        )
+    def _ep_candidates(self) -> list[Candidate]:
+        """vLLM's running and waiting requests as the planner sees requests (vLLM stamps
+        `arrival_time` with the wall clock, so the planner is asked at `time.time()`)."""
+
+        def candidate(r: Any, admitted: bool) -> Candidate:
+            return Candidate(
+                class_of(r.priority),
+                r.num_computed_tokens,
+                _left(r),
+                r.arrival_time,
+                self.ep_ttft_targets.get(r.request_id),
+                admitted,
+                admitted or self._ep_can_admit(r),
+            )
+
+        running = [candidate(r, True) for r in self.running]  # type: ignore[attr-defined]
+        return running + [candidate(r, False) for r in self.waiting]  # type: ignore[attr-defined]
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         t_start = self.ep_clock()
-        state = self._ep_state()
-        self._ep_defer = self._ep_deferred(state)
-        budget = self.ep_policy.budget(
-            state.without_background_decodes() if self._ep_defer else state
-        )
-        floor = self.ep_policy.foreground_chunk(state) if state.foreground_prompt_left else None
-        self._ep_fg_floor = floor or 0
-        bg_cap = None
-        if self.ep_guard is not None:
-            self.ep_guard.update()
-            bg_cap = self.ep_guard.background_cap(budget, self.max_num_scheduled_tokens)  # type: ignore[attr-defined]
-        self._ep_left, self._ep_bg_left = budget, bg_cap
-        held = self._ep_foreground_first(budget, state.n_decode) if self.ep_policy.caps else None
-        if held is not None:
-            self._ep_bg_left = held if bg_cap is None else min(bg_cap, held)
+        n_batch = self.max_num_scheduled_tokens  # type: ignore[attr-defined]
+        decision = self.ep_planner.decide(self._ep_candidates(), n_batch, time.time())
+        self._ep_apply(decision)
         try:
             out = super().schedule(*args, **kwargs)  # type: ignore[misc]
         finally:
             self._ep_left = self._ep_bg_left = None
         if out.total_num_scheduled_tokens > 0:
-            self.ep_ledger.add(self._ep_record(out, t_start, budget, bg_cap, floor))
+            self.ep_ledger.add(self._ep_record(out, t_start, decision))
         return out
 
-    def _ep_deferred(self, state: SchedState) -> tuple[str, ...]:
-        """The background decodes to leave out of this step, if the policy asks (never
-        more than MAX_DEFERRED steps in a row, as on llama.cpp)."""
-        ask = state.n_decode_background > 0 and (  # only ever for a chat's sake, as on llama.cpp
-            (self.ep_policy.caps and self._ep_chat_prompt_ready())
-            or (state.n_decode_foreground > 0 and self.ep_policy.defer_background_decodes(state))
-        )
-        if not ask or self._ep_deferred_run >= MAX_DEFERRED:
-            self._ep_deferred_run = 0
-            return ()
-        self._ep_deferred_run += 1
-        return tuple(
+    def _ep_apply(self, decision: Decision) -> None:
+        """The decision as the caps `_reserve_prefill_lookahead` applies this step."""
+        decodes = [r for r in self.running if _left(r) == 0]  # type: ignore[attr-defined]
+        self._ep_defer = tuple(
             r.request_id
-            for r in self.running  # type: ignore[attr-defined]
-            if _left(r) == 0 and class_of(r.priority) == "background"
+            for r in decodes
+            if decision.defer_background_decodes and class_of(r.priority) == "background"
         )
-
-    def _ep_chat_prompt_ready(self) -> bool:
-        """A chat's prompt can be computed this step (started, or admissible now)."""
-        running = self.running  # type: ignore[attr-defined]
-        if any(_left(r) and class_of(r.priority) == "foreground" for r in running):
-            return True
-        return any(
-            class_of(r.priority) == "foreground" and self._ep_can_admit(r)
-            for r in self.waiting  # type: ignore[attr-defined]
-        )
+        self._ep_fg_floor = decision.floor or 0
+        self._ep_left, self._ep_bg_left = decision.budget, decision.background_cap
+        if decision.foreground_alone:
+            held = self._ep_foreground_first(decision.budget, len(decodes) - len(self._ep_defer))
+            if held is not None:
+                bg = self._ep_bg_left
+                self._ep_bg_left = held if bg is None else min(bg, held)
 
     def _ep_foreground_first(self, budget: int | None, n_decode: int) -> int | None:
         """The most background prompt tokens this step while foreground prompt work waits:
@@ -214,14 +191,7 @@ class BudgetMixin:
             self._ep_bg_left -= allowed
         return allowed
 
-    def _ep_record(
-        self,
-        out: Any,
-        t_start: float,
-        budget: int | None,
-        bg_cap: int | None,
-        floor: int | None,
-    ) -> StepRecord:
+    def _ep_record(self, out: Any, t_start: float, decision: Decision) -> StepRecord:
         decode: list[str] = []
         prefill: dict[str, int] = {}
         classes: dict[str, str] = {}
@@ -241,7 +211,7 @@ class BudgetMixin:
             by_class[cls] += prompt
             n_sampled += before + n >= req.num_tokens  # the chunk ends the prompt: samples
         deferred = tuple(r for r in self._ep_defer if r not in out.num_scheduled_tokens)
-        plan = Plan(budget, tuple(decode), prefill, bg_cap, deferred, floor)
+        plan = Plan(decision, tuple(decode), prefill, deferred)
         return StepRecord(
             self.ep_ledger.next_step, t_start, plan, classes, ctx_work, n_sampled, by_class
         )
@@ -251,12 +221,8 @@ class BudgetMixin:
         for reading in getattr(model_runner_output, TIMINGS_ATTR, None) or ():
             record = self.ep_ledger.match(reading.step, reading.tokens)
             timing = record.timing(reading.duration_s)
-            self.ep_policy.observe(timing)
-            self.ep_last = timing
-            state = self.ep_policy.snapshot()
-            if self.ep_guard is not None:
-                state = {**state, "thermal": self.ep_guard.snapshot()}
-            self.ep_completed.append(CompletedStep(record, timing, state))
+            self.ep_planner.observe(timing)
+            self.ep_completed.append(CompletedStep(record, timing, self.ep_planner.snapshot()))
         return super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
 
     def take_completed(self) -> list[CompletedStep]:

@@ -339,7 +339,7 @@ def calibrate(run_dir: Path, out: Path | None) -> None:
     c = profile.cost
     click.echo(
         f"fitted {c.n_samples} iterations: {c.per_pass_s * 1e3:.2f} ms per pass + "
-        f"{c.per_decode_s * 1e3:.2f} ms per sampled row + {c.per_prefill_s * 1e3:.3f} ms per prompt "
+        f"{c.per_sampled_s * 1e3:.2f} ms per sampled row + {c.per_prefill_s * 1e3:.3f} ms per prompt "
         f"token + {c.per_kctx_s * 1e3:.3f} ms per 1k attended cells (rmse "
         f"{(c.rmse_s or 0) * 1e3:.1f} ms); target {profile.target_s * 1e3:.0f} ms -> chunk "
         f"{profile.chunk_for()}"

@@ -9,21 +9,23 @@ engine-core process with the core alone).
 from __future__ import annotations
 
 import dataclasses
-from abc import ABC, abstractmethod
+from abc import ABC
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from edgeprefill.runtime.core.errors import UserError
-from edgeprefill.runtime.core.plan import IterationTiming, SchedState
+from edgeprefill.runtime.core.plan import Decision, IterationTiming, SchedState
 
 if TYPE_CHECKING:
     from edgeprefill.runtime.core.profile import DeviceProfile
 
 
 class BudgetPolicy(ABC):
-    """Chooses the iteration's aggregate prefill-token cap.
+    """Decides each iteration's prompt-token budget, and what goes with it.
 
-    `budget` is called once before each iteration is planned; `observe` once after it
-    completed, with the time of the finished work. `None` means no cap beyond `n_batch`.
+    `decide` is called once before each iteration is planned, `observe` once after it
+    completed, with the time of the finished work. A rule that only sets a budget
+    implements `budget`; a policy that also sizes a chat's prompt or defers background
+    decodes (cadence) overrides `decide` and works its answer out once.
     """
 
     name: ClassVar[str]
@@ -35,21 +37,37 @@ class BudgetPolicy(ABC):
     # before the first iteration: attribute -> what to tell a user who left it unset.
     required: ClassVar[dict[str, str]] = {}
 
-    @abstractmethod
-    def budget(self, state: SchedState) -> int | None: ...
+    def decide(self, state: SchedState) -> Decision:
+        """This iteration's decision: the budget `budget` gives, for the iteration as it
+        will run (without the background's decodes when a chat's prompt defers them)."""
+        defer = self.prompt_defers(state)
+        seen = state.without_background_decodes() if defer else state
+        budget = self.budget(seen)
+        return Decision(
+            budget,
+            defer_background_decodes=defer,
+            foreground_alone=self.caps,
+            reason=self.reason(seen, budget),
+        )
 
-    def defer_background_decodes(self, state: SchedState) -> bool:
-        """Whether this iteration should leave the background's decodes out (a summary's
-        token costs as much as a chat's, and can push a chat's token over its target).
-        Asked only while a foreground decode is running, before `budget`, which then sees
-        the state without them. The scheduler bounds how long one can be deferred."""
-        return False
+    def budget(self, state: SchedState) -> int | None:
+        """The iteration's prompt-token cap (None: no cap beyond n_batch)."""
+        raise NotImplementedError(f"policy {self.name} implements neither decide nor budget")
 
-    def foreground_chunk(self, state: SchedState) -> int | None:
-        """The least prompt tokens the first waiting foreground prompt should get this
-        iteration to meet its TTFT target, budget or not (None: the budget decides). Asked
-        only while one waits (`state.foreground_prompt_left > 0`)."""
-        return None
+    def reason(self, state: SchedState, budget: int | None) -> str:
+        """Why `budget` gave what it gave, in a few words."""
+        return self.name
+
+    def prompt_defers(self, state: SchedState) -> bool:
+        """Background decodes wait while a chat's prompt computes, for any policy that
+        caps: its first token waits for every row beside it (~30 ms each on a small
+        model), and a document's summary loses one token's time."""
+        return bool(
+            self.caps
+            and state.may_defer
+            and state.n_decode_background
+            and state.foreground_prompt_left
+        )
 
     def observe(self, timing: IterationTiming) -> None:
         """Learn from a completed iteration; stateless policies ignore it."""

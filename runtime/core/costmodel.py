@@ -1,6 +1,6 @@
 """Iteration time as a function of what the iteration holds.
 
-    t = per_pass * passes + per_decode * n_sampled + per_prefill * n_prefill
+    t = per_pass * passes + per_sampled * n_sampled + per_prefill * n_prefill
         + per_kctx * ctx_work / 1000
 
 `passes` counts the groups a backend runs (on llama.cpp: one for all decodes plus one per
@@ -10,8 +10,8 @@ vocabulary that output projection costs a small model more than a dozen prompt t
 `ctx_work` is the attention work (KV cells attended, summed over tokens). Fitted by
 non-negative least squares from completed iterations: at startup from a short probe, online
 inside the cadence policy, and offline from a run's iterations.jsonl for the simulated
-backend. (`per_decode_s` keeps its name, from before chunks that end a prompt counted, so
-saved cost models still load: it is the cost of a sampled row.)
+backend. (Cost-model files written before chunks that end a prompt counted name the
+sampled row's cost `per_decode_s`; they still load.)
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _matrix(timings: Sequence[IterationTiming]) -> tuple[np.ndarray, np.ndarray]
 @dataclass(frozen=True)
 class CostModel:
     per_pass_s: float
-    per_decode_s: float
+    per_sampled_s: float
     per_prefill_s: float
     per_kctx_s: float
     n_samples: int = 0
@@ -59,7 +59,7 @@ class CostModel:
     ) -> float:
         return (
             self.per_pass_s * passes(n_decode, n_chunks)
-            + self.per_decode_s * (n_decode if n_sampled is None else n_sampled)
+            + self.per_sampled_s * (n_decode if n_sampled is None else n_sampled)
             + self.per_prefill_s * n_prefill
             + self.per_kctx_s * ctx_work / 1000.0
         )
@@ -81,7 +81,7 @@ class CostModel:
 
     @property
     def coef(self) -> np.ndarray:
-        return np.array([self.per_pass_s, self.per_decode_s, self.per_prefill_s, self.per_kctx_s])
+        return np.array([self.per_pass_s, self.per_sampled_s, self.per_prefill_s, self.per_kctx_s])
 
     def residuals(self, timings: Sequence[IterationTiming]) -> np.ndarray:
         """Measured minus predicted duration of each iteration, in seconds."""
@@ -92,14 +92,21 @@ class CostModel:
     def fit(cls, timings: Sequence[IterationTiming]) -> CostModel:
         if len(timings) < 4:
             raise ValueError(f"need at least 4 iterations to fit a cost model, got {len(timings)}")
-        x, y = _matrix(timings)
+        return cls.fit_arrays(*_matrix(timings))
+
+    @classmethod
+    def fit_arrays(cls, x: np.ndarray, y: np.ndarray) -> CostModel:
+        """Non-negative least squares on feature rows `x` (see `features`) and durations."""
         coef, _ = nnls(x, y)
         rmse = float(np.sqrt(np.mean((y - x @ coef) ** 2)))
-        return cls(*map(float, coef), n_samples=len(timings), rmse_s=rmse)
+        return cls(*map(float, coef), n_samples=len(y), rmse_s=rmse)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CostModel:
+        d = dict(d)
+        if "per_decode_s" in d:  # files written before the name said what it is
+            d["per_sampled_s"] = d.pop("per_decode_s")
         return cls(**d)

@@ -1,7 +1,7 @@
-"""The engine: one iteration is plan, execute, observe, update, record.
+"""The engine: one iteration is admit, plan, execute, observe, update, record.
 
-This is also the embedding API: a desktop assistant creates an `Engine` over a backend and a
-policy, `add()`s requests as they come, and calls `step()` in its own loop.
+This is also the embedding API's core: a desktop assistant creates an `Engine` over a
+backend and a policy, `add()`s requests as they come, and calls `step()` in its own loop.
 """
 
 from __future__ import annotations
@@ -9,139 +9,37 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 from edgeprefill.runtime.core.budget import BackgroundCap, BudgetPolicy
-from edgeprefill.runtime.core.contract import (
-    Backend,
-    BackendError,
-    SeqWork,
-    StepResult,
-    timing_of,
-)
+from edgeprefill.runtime.core.contract import Backend, BackendError, SeqWork, timing_of
+from edgeprefill.runtime.core.driver import RunClock
+from edgeprefill.runtime.core.iteration import Advance, Iteration
 from edgeprefill.runtime.core.plan import IterationTiming, Plan
+from edgeprefill.runtime.core.planner import Planner
 from edgeprefill.runtime.core.profile import DeviceProfile
-from edgeprefill.runtime.core.request import Request
+from edgeprefill.runtime.core.request import Request, Status
 from edgeprefill.runtime.core.scheduler import BackgroundLimits, Scheduler
 
 
-class RunClock:
-    """Seconds since the run started; every timestamp in a run's results uses it."""
-
-    def __init__(self) -> None:
-        self._t0 = time.perf_counter()
-
-    def now(self) -> float:
-        return time.perf_counter() - self._t0
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
-
-
 @dataclass(frozen=True)
-class Iteration:
-    """One completed (or failed) iteration, as written to iterations.jsonl."""
+class Executed:
+    """What the backend did with a plan: all of it, the part a preemption kept, or
+    nothing (an error)."""
 
-    t_start_s: float
-    plan: Plan
+    plan: Plan  # what ran
     timing: IterationTiming
-    prefill_by_class: dict[str, int]
-    policy_state: dict[str, Any]
-    finished: list[Request] = field(default_factory=list)
-    sampled: dict[str, int] = field(default_factory=dict)  # request id -> its new token
+    landed_s: float  # when the device call returned
+    sampled: dict[int, int] = field(default_factory=dict)  # sequence id -> new token
+    tokens: dict[str, int] = field(default_factory=dict)  # request id -> new token
+    prefill_by_class: dict[str, int] = field(default_factory=dict)
+    preempted: dict[str, Any] | None = None  # prompt tokens kept and lost, abort latency
     error: str | None = None
-    # Aborted part-way for a foreground arrival: prompt tokens kept (those in `plan`) and
-    # lost, and the time from the arrival to the abort landing.
-    preempted: dict[str, Any] | None = None
-    save_s: float | None = None  # copying saved prefixes after it (not in any host time)
-
-    def record(self) -> dict[str, Any]:
-        return {
-            "t_start_s": self.t_start_s,
-            "duration_s": self.timing.duration_s,
-            "budget": self.plan.budget,
-            "background_cap": self.plan.background_cap,
-            "n_decode": self.plan.n_decode,
-            "n_decode_foreground": self.timing.n_decode_foreground,
-            "n_decode_deferred": len(self.plan.deferred),
-            "foreground_floor": self.plan.foreground_floor,
-            "n_prefill": self.plan.n_prefill,
-            "n_prefill_foreground": self.prefill_by_class.get("foreground", 0),
-            "n_prefill_background": self.prefill_by_class.get("background", 0),
-            "n_chunks": self.timing.n_chunks,
-            "ctx_work": self.timing.ctx_work,
-            "n_sampled": self.timing.n_sampled,
-            "host_s": self.timing.host_s,
-            "policy": self.policy_state,
-            "error": self.error,
-            **({"preempted": self.preempted} if self.preempted else {}),
-            **({"save_s": self.save_s} if self.save_s is not None else {}),
-        }
-
-
-@dataclass(frozen=True)
-class Advance:
-    """What one call to a driver's `advance` produced: the iterations whose timing is
-    complete (on vLLM with CUDA events a step's timing can arrive a step later than its
-    tokens) and the requests that ended."""
-
-    iterations: list[Iteration]
-    finished: list[Request]
-
-
-class Driver(Protocol):
-    """What replays a workload in real time: the runtime's `Engine` over a backend it
-    schedules, or a backend's own engine that schedules itself (vLLM) with the same
-    policy objects."""
-
-    clock: Any
-    policy: BudgetPolicy
 
     @property
-    def has_work(self) -> bool: ...
-
-    @property
-    def has_running(self) -> bool:
-        """Some request holds a sequence (the device is not idle for want of budget)."""
-        ...
-
-    def add(self, req: Request) -> bool: ...
-
-    @property
-    def can_preempt(self) -> bool:
-        """Whether `preempt` can stop an iteration in flight."""
-        ...
-
-    def preempt(self) -> None:
-        """A foreground request is arriving: stop background-only prompt work in flight."""
-        ...
-
-    def advance(self) -> Advance | None:
-        """Run one iteration; None when nothing could be scheduled."""
-        ...
-
-    def cancel(self, req: Request) -> bool: ...
-
-    def abort(self, reason: str) -> list[Request]: ...
-
-
-class SchedulingBackend(Protocol):
-    """A backend that schedules its own batches (vLLM): the runtime hands it the policy
-    object and replays the workload through the driver it returns."""
-
-    name: str
-    tokenizer: Any
-
-    def engine(self, policy: BudgetPolicy, *, guard: Any = None, clock: Any = None) -> Driver: ...
-
-    def probe_timings(self, seed: int = 0) -> list[IterationTiming]:
-        """Timed iterations of a chat alone and beside prompt chunks of several sizes, for
-        the startup cost model."""
-        ...
-
-    def describe(self) -> dict[str, Any]: ...
-
-    def close(self) -> None: ...
+    def complete(self) -> bool:
+        """The plan ran whole: a policy learns from its time (not from a part of one)."""
+        return self.error is None and self.preempted is None
 
 
 class Engine:
@@ -156,25 +54,35 @@ class Engine:
         guard: BackgroundCap | None = None,
     ) -> None:
         self.backend = backend
-        self.policy = policy
-        self.guard = guard
         self.clock = clock or backend.clock or RunClock()
         if profile is not None:
             policy.calibrate(profile)
         policy.check_ready()
+        self.planner = Planner(policy, guard)
         self.scheduler = Scheduler(
             backend.capacity,
             is_eog=backend.tokenizer.is_eog,
             release=backend.release,
             limits=limits,
-            restore=self._restore if backend.prefix_cache is not None else None,
+            keeps_prefixes=backend.prefix_cache is not None,
         )
-        self.last: IterationTiming | None = None
         self._device_done: float | None = None  # when the last device call returned
         # Set by `preempt` (any thread) when a foreground request arrives; an iteration
         # holding only background prompt work stops soon after (on a backend that can).
         self._abort = threading.Event()
         self._abort_at: float | None = None
+
+    @property
+    def policy(self) -> BudgetPolicy:
+        return self.planner.policy
+
+    @property
+    def guard(self) -> BackgroundCap | None:
+        return self.planner.guard
+
+    @guard.setter
+    def guard(self, guard: BackgroundCap | None) -> None:
+        self.planner.guard = guard
 
     def add(self, req: Request) -> bool:
         """Submit an arrived request; False if it failed at once (see `req.error`)."""
@@ -201,80 +109,133 @@ class Engine:
     def step(self) -> Iteration | None:
         """Run one iteration; None when nothing could be scheduled."""
         t_start = self.clock.now()
-        state = self.scheduler.state(self.last, t_start)
-        # Documents' decodes wait, only ever for a chat's sake (never leaving an iteration
-        # empty): while a chat's prompt computes (its first token waits for every row
-        # beside it, ~30 ms each on a small model), or when the policy says the chats'
-        # tokens would be late with them.
-        defer = state.n_decode_background > 0 and (
-            (state.foreground_prompt_left > 0 and self.policy.caps)
-            or (state.n_decode_foreground > 0 and self.policy.defer_background_decodes(state))
-        )
-        budget = self.policy.budget(state.without_background_decodes() if defer else state)
-        background_cap = None
-        if self.guard is not None:
-            self.guard.update()
-            background_cap = self.guard.background_cap(budget, self.backend.capacity.n_batch)
-        floor = self.policy.foreground_chunk(state) if state.foreground_prompt_left else None
-        plan = self.scheduler.plan(budget, background_cap, defer, floor, self.policy.caps)
+        restore_s = self._admit()
+        plan = self._plan(t_start)
         if plan.empty:
             self._device_done = None  # idle until work arrives: not host overhead
             return None
-        by_id = {r.id: r for r in self.scheduler.running}
-        by_class = {"foreground": 0, "background": 0}
-        for rid, n in plan.prefill.items():
-            by_class[by_id[rid].cls] += n
-        n_fg = sum(by_id[rid].cls == "foreground" for rid in plan.decode)
-        work = self.scheduler.work(plan)
-        # A chat arriving meanwhile stops the documents' prompt work; documents' decodes in
-        # it finish first (the backend computes them before any prompt chunk). Chats' work
-        # is never stopped: neither their prompts nor iterations that carry their tokens.
-        abortable = (
-            self.backend.supports_abort
-            and plan.n_prefill > 0
-            and n_fg == 0
-            and by_class["foreground"] == 0
+        ran = self._execute(plan)
+        if ran.complete:
+            self.planner.observe(ran.timing)
+        finished, save_s = self._update(ran)
+        return self._record(t_start, ran, finished, restore_s, save_s)
+
+    # --- the steps of one iteration -----------------------------------------------------
+    def _admit(self) -> float | None:
+        """Give waiting requests their sequences, each filled from the longest saved prefix
+        of its prompt (those tokens count as computed; the budget is spent on the rest).
+        Returns the time the restores took, which no host time includes."""
+        cache = self.backend.prefix_cache
+        spent = 0.0
+        for req in self.scheduler.admit():
+            if cache is None:
+                continue
+            assert req.seq_id is not None
+            t0 = time.perf_counter()
+            n = cache.restore(req.seq_id, req.prompt)
+            took = time.perf_counter() - t0
+            spent += took
+            if n:
+                req.num_computed = req.prefix_reused_tokens = n
+                req.restore_s = took
+        if not spent:
+            return None
+        self._leave_out_of_host_time(spent)
+        return spent
+
+    def _plan(self, now_s: float) -> Plan:
+        decision = self.planner.decide(
+            self.scheduler.candidates(), self.backend.capacity.n_batch, now_s
         )
+        return self.scheduler.plan(decision)
+
+    def _execute(self, plan: Plan) -> Executed:
+        """Run the plan on the backend. A chat arriving meanwhile stops the documents'
+        prompt work; documents' decodes in it finish first (the backend computes them
+        before any prompt chunk). Chats' work is never stopped: neither their prompts nor
+        iterations that carry their tokens."""
+        cls = {r.id: r.cls for r in self.scheduler.running}
+        chats = any(cls[rid] == "foreground" for rid in plan.num_scheduled_tokens)
+        abortable = self.backend.supports_abort and plan.n_prefill > 0 and not chats
+        work = self.scheduler.work(plan)
         started = self.clock.now()
         host_s = None if self._device_done is None else started - self._device_done
         try:
             result = self.backend.execute(work, self._abort if abortable else None)
         except BackendError as e:
             self._device_done = None
-            failed = self.scheduler.fail_plan(plan, str(e))
-            timing = IterationTiming(self.clock.now() - t_start, 0, 0, 0, plan.budget)
-            return Iteration(t_start, plan, timing, by_class, {}, failed, error=str(e))
+            timing = IterationTiming(self.clock.now() - started, 0, 0, 0, plan.budget)
+            return Executed(plan, timing, self.clock.now(), error=str(e))
+        landed = self._device_done = self.clock.now()
+        preempted = None
         if result.kept is not None:
-            return self._preempted(t_start, plan, work, result, host_s)
+            plan, work, preempted = self._kept(plan, work, result.kept, landed)
+        by_class = {"foreground": 0, "background": 0}
+        for rid, n in plan.prefill.items():
+            by_class[cls[rid]] += n
         timing = timing_of(
             work,
             result.duration_s,
-            n_decode_foreground=n_fg,
+            n_decode_foreground=sum(cls[rid] == "foreground" for rid in plan.decode),
             budget=plan.budget,
             host_s=host_s,
             n_prefill_foreground=by_class["foreground"],
         )
-        self._device_done = self.clock.now()
-        self.policy.observe(timing)
-        self.last = timing
         seq_to_id = {r.seq_id: r.id for r in self.scheduler.running}
-        sampled = {seq_to_id[seq]: token for seq, token in result.sampled.items()}
-        finished = self.scheduler.update(plan, result.sampled, self.clock.now())
-        saved_s = self._save_prefixes(plan)
-        return Iteration(
-            t_start, plan, timing, by_class, self._state(), finished, sampled, save_s=saved_s
-        )
+        tokens = {seq_to_id[seq]: t for seq, t in result.sampled.items()}
+        return Executed(plan, timing, landed, result.sampled, tokens, by_class, preempted)
 
-    def _restore(self, req: Request) -> None:
-        """Fill a just-admitted request's sequence from the longest saved prefix of its
-        prompt: those tokens count as computed, and the budget is spent on the rest."""
-        cache = self.backend.prefix_cache
-        assert cache is not None and req.seq_id is not None
-        t0 = time.perf_counter()
-        n = cache.restore(req.seq_id, req.prompt)
-        if n:
-            req.num_computed = req.prefix_reused_tokens = n
-            req.restore_s = time.perf_counter() - t0
+    def _kept(
+        self, plan: Plan, work: list[SeqWork], kept_by_seq: dict[int, int], landed: float
+    ) -> tuple[Plan, list[SeqWork], dict[str, Any]]:
+        """An iteration aborted for a foreground arrival: what finished, as if the plan had
+        been that much (so tokens reconcile), and the preemption's record."""
+        self._abort.clear()
+        seq_to_id = {r.seq_id: r.id for r in self.scheduler.running}
+        kept = {seq_to_id[w.seq_id]: kept_by_seq.get(w.seq_id, 0) for w in work}
+        done = replace(plan, prefill={rid: n for rid, n in kept.items() if n > 0})
+        work = [
+            w if w.is_decode else replace(w, tokens=w.tokens[: kept_by_seq.get(w.seq_id, 0)])
+            for w in work
+            if w.is_decode or kept_by_seq.get(w.seq_id)
+        ]
+        record = {
+            "kept": done.n_prefill,
+            "lost": plan.n_prefill - done.n_prefill,
+            "abort_latency_s": None if self._abort_at is None else landed - self._abort_at,
+        }
+        return done, work, record
+
+    def _update(self, ran: Executed) -> tuple[list[Request], float | None]:
+        """Apply what ran: prompts advance, tokens append, finished requests end (all of an
+        iteration's requests fail when the backend refused it); then save the prefixes it
+        completed. Returns the requests that ended and the time the saves took."""
+        if ran.error is not None:
+            return self.scheduler.fail_plan(ran.plan, ran.error), None
+        finished = self.scheduler.update(ran.plan, ran.sampled, ran.landed_s)
+        return finished, self._save_prefixes(ran.plan)
+
+    def _record(
+        self,
+        t_start: float,
+        ran: Executed,
+        finished: list[Request],
+        restore_s: float | None,
+        save_s: float | None,
+    ) -> Iteration:
+        return Iteration(
+            t_start,
+            ran.plan,
+            ran.timing,
+            ran.prefill_by_class,
+            self.planner.snapshot(),
+            finished,
+            ran.tokens,
+            ran.error,
+            ran.preempted,
+            save_s,
+            restore_s,
+        )
 
     def _save_prefixes(self, plan: Plan) -> float | None:
         """Save what requests' shareable prefixes this iteration completed (a copy of the
@@ -291,61 +252,17 @@ class Engine:
             assert req.seq_id is not None
             cache.save(req.seq_id, req.prompt[: req.num_computed])
         spent = self.clock.now() - t0
-        if self._device_done is not None:
-            self._device_done += spent
+        self._leave_out_of_host_time(spent)
         return spent
 
-    def _state(self) -> dict[str, Any]:
-        """The policy's (and thermal guard's) state after an iteration, for its record."""
-        state = self.policy.snapshot()
-        if self.guard is not None:
-            state = {**state, "thermal": self.guard.snapshot()}
-        return state
+    def _leave_out_of_host_time(self, spent: float) -> None:
+        if self._device_done is not None:
+            self._device_done += spent
 
-    def _preempted(
-        self,
-        t_start: float,
-        plan: Plan,
-        work: list[SeqWork],
-        result: StepResult,
-        host_s: float | None,
-    ) -> Iteration:
-        """An iteration aborted for a foreground arrival: keep what finished, as if the plan
-        had been that much (so tokens reconcile); the policy does not learn from it."""
-        landed = self.clock.now()
-        self._device_done = landed
-        self._abort.clear()
-        kept_by_seq = result.kept or {}
-        seq_to_id = {r.seq_id: r.id for r in self.scheduler.running}
-        kept = {seq_to_id[w.seq_id]: kept_by_seq.get(w.seq_id, 0) for w in work}
-        done = replace(plan, prefill={rid: n for rid, n in kept.items() if n > 0})
-        finished = self.scheduler.update(done, result.sampled, landed)
-        saved_s = self._save_prefixes(done)
-        timing = timing_of(
-            [
-                w if w.is_decode else replace(w, tokens=w.tokens[: kept_by_seq.get(w.seq_id, 0)])
-                for w in work
-                if w.is_decode or kept_by_seq.get(w.seq_id)
-            ],
-            result.duration_s,
-            budget=plan.budget,
-            host_s=host_s,
-        )
-        record = {
-            "kept": done.n_prefill,
-            "lost": plan.n_prefill - done.n_prefill,
-            "abort_latency_s": None if self._abort_at is None else landed - self._abort_at,
-        }
-        kept_class = {"foreground": 0, "background": done.n_prefill}
-        sampled = {seq_to_id[s]: t for s, t in result.sampled.items()}
-        state = self._state()
-        return Iteration(
-            t_start, done, timing, kept_class, state, finished, sampled, None, record, saved_s
-        )
-
+    # --- the Driver interface -----------------------------------------------------------
     @property
     def has_running(self) -> bool:
-        return bool(self.scheduler.running)
+        return any(r.status is Status.DECODE for r in self.scheduler.running)
 
     @property
     def can_preempt(self) -> bool:

@@ -1,12 +1,15 @@
 """Plain values that cross the seams of one iteration.
 
-`SchedState` and `IterationTiming` are all a budget policy may see; `Plan` is what the
-scheduler decided, printable and testable, before any backend runs it.
+`SchedState` and `IterationTiming` are all a budget policy may see; `Decision` is what it
+answers, once per iteration; `Plan` is what the scheduler made of that decision, printable
+and testable, before any backend runs it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,9 @@ class SchedState:
     foreground_prompt_pos: int = 0
     foreground_waited_s: float = 0.0
     foreground_ttft_target_s: float | None = None  # that request's own target
+    # Whether background decodes may be left out of this iteration (the planner bounds how
+    # many iterations in a row they are).
+    may_defer: bool = True
 
     @property
     def n_decode_background(self) -> int:
@@ -69,21 +75,50 @@ class SchedState:
 
 
 @dataclass(frozen=True)
+class Decision:
+    """What a policy (and the thermal guard) decided for one iteration: the one value either
+    engine's scheduler turns into a plan, written to iterations.jsonl as it is."""
+
+    budget: int | None = None  # most prompt tokens in the iteration (None: fill n_batch)
+    # The least prompt tokens the first waiting foreground prompt gets, whatever the budget,
+    # so it meets its TTFT target (None: the budget alone).
+    floor: int | None = None
+    defer_background_decodes: bool = False  # leave the background's decodes out
+    background_cap: int | None = None  # a further cap on background prompt tokens (thermal)
+    # With no budget, a foreground prompt goes alone (its first token waits for every token
+    # beside it). False only for a policy that leaves batching to the backend (`unlimited`).
+    foreground_alone: bool = True
+    reason: str = ""  # why, in a few words, for a reader of iterations.jsonl
+
+    def record(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def __str__(self) -> str:
+        parts = [f"budget={'none' if self.budget is None else self.budget}"]
+        if self.floor is not None:
+            parts.append(f"floor={self.floor}")
+        if self.defer_background_decodes:
+            parts.append("defer background decodes")
+        if self.background_cap is not None:
+            parts.append(f"background_cap={self.background_cap}")
+        return f"Decision({', '.join(parts)}: {self.reason or 'no reason given'})"
+
+
+@dataclass(frozen=True)
 class Plan:
-    """One iteration: every running decode's token, then prompt chunks under `budget`, the
-    background's within `background_cap` as well.
+    """One iteration: every running decode's token, then prompt chunks as `decision` allows.
 
     `decode` and `prefill` keep scheduling order; `prefill` maps request id -> prompt tokens.
     """
 
-    budget: int | None
+    decision: Decision
     decode: tuple[str, ...] = ()
     prefill: dict[str, int] = field(default_factory=dict)
-    background_cap: int | None = None  # a further cap on background prompt tokens
     deferred: tuple[str, ...] = ()  # background decodes left out of this iteration
-    # The least prompt tokens the first foreground prompt gets, whatever the budget, so it
-    # meets its TTFT target (None: the budget alone).
-    foreground_floor: int | None = None
+
+    @property
+    def budget(self) -> int | None:
+        return self.decision.budget
 
     @property
     def n_decode(self) -> int:
@@ -103,8 +138,5 @@ class Plan:
         return not self.decode and not self.prefill
 
     def __str__(self) -> str:
-        cap = "none" if self.budget is None else str(self.budget)
-        if self.background_cap is not None:
-            cap += f", background_cap={self.background_cap}"
         chunks = ", ".join(f"{rid}: {n}" for rid, n in self.prefill.items())
-        return f"Plan(budget={cap}, decode=[{', '.join(self.decode)}], prefill={{{chunks}}})"
+        return f"Plan({self.decision}, decode=[{', '.join(self.decode)}], prefill={{{chunks}}})"

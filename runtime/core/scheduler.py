@@ -22,8 +22,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from edgeprefill.runtime.core.contract import Capacity, SeqWork
-from edgeprefill.runtime.core.plan import IterationTiming, Plan, SchedState
+from edgeprefill.runtime.core.plan import Decision, Plan
 from edgeprefill.runtime.core.request import CLASSES, Request, RequestClass, Status
+from edgeprefill.runtime.core.state import Candidate
 
 
 @dataclass(frozen=True)
@@ -57,15 +58,6 @@ def check_background_seqs(seqs: int, n_seq_max: int) -> None:
         )
 
 
-# The most iterations in a row a background decode may be left out of.
-MAX_DEFERRED = 8
-
-
-def _ctx(req: Request) -> int:
-    """KV cells a decode of `req` attends to."""
-    return req.prompt_len + req.decode_tokens_fed + 1
-
-
 class Scheduler:
     def __init__(
         self,
@@ -73,11 +65,11 @@ class Scheduler:
         is_eog: Callable[[int], bool],
         release: Callable[[int], None],
         limits: BackgroundLimits | None = None,
-        restore: Callable[[Request], None] | None = None,
+        keeps_prefixes: bool = False,
     ) -> None:
-        """`restore(req)`: called as a request is admitted, with its sequence, to fill it
-        from a saved prefix (it advances `num_computed`). Given, requests' `share_prefix`
-        points are honoured: a chunk ends there so the state can be saved (`saves_due`)."""
+        """`keeps_prefixes`: the backend saves prompt prefixes, so requests'
+        `share_prefix` points are honoured: a chunk ends there so the state can be saved
+        (`saves_due`)."""
         if capacity.n_seq_max > capacity.n_batch:
             raise ValueError(
                 f"n_seq_max ({capacity.n_seq_max}) must not exceed n_batch "
@@ -89,11 +81,10 @@ class Scheduler:
         )
         self._is_eog = is_eog
         self._release = release
-        self._restore = restore
+        self._keeps_prefixes = keeps_prefixes
         self.waiting: dict[RequestClass, deque[Request]] = {c: deque() for c in CLASSES}
         self.running: list[Request] = []  # admission order
         self._free_seqs = list(range(capacity.n_seq_max))  # a heap: lowest id first
-        self._deferred_run = 0  # iterations in a row that deferred background decodes
         self.kv_free = capacity.n_ctx
 
     # --- requests in ----------------------------------------------------------------
@@ -129,46 +120,59 @@ class Scheduler:
         return bool(self.running) or any(self.waiting.values())
 
     # --- one iteration --------------------------------------------------------------
-    def state(self, last: IterationTiming | None = None, now_s: float = 0.0) -> SchedState:
-        decodes = [r for r in self.running if r.status is Status.DECODE]
-        head = next(self._prefill_order(), None)
-        chat = head if head is not None and head.cls == "foreground" else None
-        return SchedState(
-            n_prefill_running=sum(r.status is Status.PREFILL for r in self.running),
-            n_prefill_waiting=sum(len(q) for q in self.waiting.values()),
-            n_decode=len(decodes),
-            n_decode_foreground=sum(r.cls == "foreground" for r in decodes),
-            n_batch=self.capacity.n_batch,
-            last=last,
-            decode_ctx=sum(_ctx(r) for r in decodes),
-            next_prefill_pos=head.num_computed if head is not None else 0,
-            next_prefill_left=head.remaining_prompt if head is not None else 0,
-            decode_ctx_foreground=sum(_ctx(r) for r in decodes if r.cls == "foreground"),
-            foreground_prompt_left=chat.remaining_prompt if chat is not None else 0,
-            foreground_prompt_pos=chat.num_computed if chat is not None else 0,
-            foreground_waited_s=max(now_s - chat.arrival_s, 0.0) if chat is not None else 0.0,
-            foreground_ttft_target_s=chat.ttft_target_s if chat is not None else None,
-        )
+    def candidates(self) -> list[Candidate]:
+        """Every request as planning sees it: running ones in admission order, then the
+        waiting ones in arrival order."""
+        out = [
+            Candidate(
+                r.cls,
+                r.num_computed + r.decode_tokens_fed,
+                r.remaining_prompt,
+                r.arrival_s,
+                r.ttft_target_s,
+            )
+            for r in self.running
+        ]
+        for cls in CLASSES:
+            out += [
+                Candidate(
+                    r.cls, 0, r.prompt_len, r.arrival_s, r.ttft_target_s, False, self._can_admit(r)
+                )
+                for r in self.waiting[cls]
+            ]
+        return out
 
-    def plan(
-        self,
-        budget: int | None,
-        background_cap: int | None = None,
-        defer_background_decodes: bool = False,
-        foreground_floor: int | None = None,
-        foreground_alone: bool = True,
-    ) -> Plan:
-        """Decode tokens first, then prompt chunks up to `budget` (None: fill n_batch), of
-        which background prompts get at most `background_cap`; the first foreground prompt
-        gets at least `foreground_floor` tokens (sized by its TTFT target), which leaves
-        the background that much less; with no budget and `foreground_alone`, no
-        background prompt rides beside a foreground one. Admits waiting requests whose chunk is planned.
-        Background decodes may be deferred, but never more than `MAX_DEFERRED` iterations
-        in a row, so a document's summary always progresses."""
+    def admit(self) -> Iterator[Request]:
+        """Give a sequence to each waiting request the next iteration may start: in arrival
+        order within a class, while one fits, and while the class's admitted prompt work is
+        under one full batch (no iteration could reach a request beyond that, so it need not
+        hold a sequence and KV cells yet). Lazy: the caller may restore each one's saved
+        prefix, which leaves less prompt work, before the next is considered."""
+        for cls in CLASSES:
+            queue = self.waiting[cls]
+            while (
+                queue
+                and self._can_admit(queue[0])
+                and self._prompt_admitted(cls) < self.capacity.n_batch
+            ):
+                req = queue[0]
+                self._admit(req)
+                yield req
+
+    def _prompt_admitted(self, cls: RequestClass) -> int:
+        return sum(r.remaining_prompt for r in self.running if r.cls == cls)
+
+    def plan(self, decision: Decision) -> Plan:
+        """Decode tokens first, then prompt chunks of admitted requests up to the budget
+        (None: fill n_batch), of which background prompts get at most `background_cap`;
+        the first foreground prompt gets at least `floor` tokens (sized by its TTFT
+        target), which leaves the background that much less; with no budget and
+        `foreground_alone`, no background prompt rides beside a foreground one. Background
+        decodes are left out when the decision defers them."""
+        budget, background_cap = decision.budget, decision.background_cap
         decoding = [r for r in self.running if r.status is Status.DECODE]
-        defer = defer_background_decodes and self._deferred_run < MAX_DEFERRED
+        defer = decision.defer_background_decodes
         deferred = tuple(r.id for r in decoding if defer and r.cls == "background")
-        self._deferred_run = self._deferred_run + 1 if deferred else 0
         decode = tuple(r.id for r in decoding if r.id not in deferred)
         room = self.capacity.n_batch - len(decode)
         left = budget_cap = room if budget is None else max(0, min(budget, room))
@@ -176,10 +180,10 @@ class Scheduler:
         prefill: dict[str, int] = {}
         by_fg = False  # a foreground prompt chunk is planned
         for req in self._prefill_order():
-            floor = (foreground_floor or 0) if req.cls == "foreground" and not by_fg else 0
+            floor = (decision.floor or 0) if req.cls == "foreground" and not by_fg else 0
             if left == 0 and not floor:
                 break
-            if req.cls == "background" and budget is None and by_fg and foreground_alone:
+            if req.cls == "background" and budget is None and by_fg and decision.foreground_alone:
                 # A chat's prompt is in this iteration and no policy sized the rest: its
                 # first token waits for every background token beside it, so none ride.
                 break
@@ -192,25 +196,18 @@ class Scheduler:
             n = self._chunk(self._left(req), avail, full, room) if avail else 0
             if n == 0:
                 continue
-            if req.status is Status.WAITING:
-                self._admit(req)
-                if self._restore is not None:
-                    self._restore(req)  # may leave less to compute
-                    n = self._chunk(self._left(req), avail, full, room)
-                    if n == 0:
-                        continue
             prefill[req.id] = n
             by_fg = by_fg or req.cls == "foreground"
             left = max(left - n, 0)
             if req.cls == "background":
                 bg_left -= n
-        return Plan(budget, decode, prefill, background_cap, deferred, foreground_floor)
+        return Plan(decision, decode, prefill, deferred)
 
     def save_point(self, req: Request) -> int | None:
         """Where `req`'s shareable prefix is saved: its `share_prefix` cut down to a piece
         boundary (a multiple of `chunk_quantum`, no shorter than `min_chunk`), so the
         chunks before it and after a restore keep their measured shapes. None: not saved."""
-        if self._restore is None or req.share_prefix is None:
+        if not self._keeps_prefixes or req.share_prefix is None:
             return None
         q = self.capacity.chunk_quantum
         point = min(req.share_prefix, req.prompt_len - 1) // q * q
@@ -253,16 +250,10 @@ class Scheduler:
         return cap if full else 0
 
     def _prefill_order(self) -> Iterator[Request]:
-        """Foreground before background; within a class, started prompts first, then
-        arrivals in order (FCFS: a waiting request that does not fit blocks later ones of
-        its class, so a long document is not starved by short ones). Lazy, so each
-        admission is seen by the next check."""
+        """Admitted prompts in the order they compute: foreground before background, each
+        class in admission order (FCFS: a long document is not starved by short ones)."""
         for cls in CLASSES:
             yield from (r for r in self.running if r.cls == cls and r.status is Status.PREFILL)
-            for req in list(self.waiting[cls]):
-                if not self._can_admit(req):
-                    break
-                yield req
 
     def _can_admit(self, req: Request) -> bool:
         if not self._free_seqs:

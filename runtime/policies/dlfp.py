@@ -69,6 +69,11 @@ class DLFPPolicy(BudgetPolicy):
             self._c = self._need(self.c_initial, "c_initial")
         return self._c
 
+    def reason(self, state: SchedState, budget: int | None) -> str:
+        if budget is None:
+            return "no decode running: isolated prefill is not capped"
+        return "cap after the last guarded cycle's feedback"
+
     def observe(self, timing: IterationTiming) -> None:
         if timing.n_decode == 0 or timing.n_prefill == 0 or self._c is None:
             return  # not a guarded cycle

@@ -48,6 +48,12 @@ class PPASPolicy(BudgetPolicy):
         self._capped = n_p >= self.nth and state.n_decode > 0
         return self._need(self.bcap, "bcap") if self._capped else self.bmax
 
+    def reason(self, state: SchedState, budget: int | None) -> str:
+        n_p = state.n_prefill_running + state.n_prefill_waiting
+        if self._capped:
+            return f"{n_p} prefills (nth={self.nth}) beside {state.n_decode} decodes: bcap"
+        return "bmax: " + ("no decode running" if n_p >= self.nth else f"{n_p} prefills")
+
     def params(self) -> dict[str, Any]:
         return {"nth": self.nth, "bmax": self.bmax, "bcap": self.bcap}
 

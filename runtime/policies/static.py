@@ -25,6 +25,9 @@ class StaticPolicy(BudgetPolicy):
     def budget(self, state: SchedState) -> int | None:
         return self.tokens
 
+    def reason(self, state: SchedState, budget: int | None) -> str:
+        return f"a fixed {self.tokens}-token chunk"
+
 
 @POLICIES.register("unlimited")
 @dataclasses.dataclass
@@ -37,3 +40,6 @@ class UnlimitedPolicy(BudgetPolicy):
 
     def budget(self, state: SchedState) -> int | None:
         return None
+
+    def reason(self, state: SchedState, budget: int | None) -> str:
+        return "no cap: the backend batches as it would alone"

@@ -10,7 +10,7 @@ import numpy as np
 
 from edgeprefill.runtime.core.contract import Backend, SeqWork, timing_of
 from edgeprefill.runtime.core.costmodel import CostModel
-from edgeprefill.runtime.core.engine import SchedulingBackend
+from edgeprefill.runtime.core.driver import SchedulingBackend
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.plan import IterationTiming
 from edgeprefill.runtime.core.profile import TYPICAL_DECODE_CTX, DeviceProfile, target_for

@@ -18,7 +18,7 @@ from edgeprefill.runtime.analysis.compare import (
     token_agreement,
 )
 from edgeprefill.runtime.core.contract import Backend
-from edgeprefill.runtime.core.engine import SchedulingBackend
+from edgeprefill.runtime.core.driver import SchedulingBackend
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.runner.session import RunOptions, run_workload

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from edgeprefill.runtime.core.engine import Iteration
+from edgeprefill.runtime.core.iteration import Iteration
 from edgeprefill.runtime.core.request import CLASSES, Request
 
 

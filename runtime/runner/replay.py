@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager, nullcontext
 from dataclasses import dataclass
 
-from edgeprefill.runtime.core.engine import Driver, Iteration
+from edgeprefill.runtime.core.driver import Driver
+from edgeprefill.runtime.core.iteration import Iteration
 from edgeprefill.runtime.core.request import Request
 from edgeprefill.runtime.runner.alarm import ArrivalAlarm
 from edgeprefill.runtime.runner.results import RunWriter

@@ -14,8 +14,8 @@ from typing import IO, Any
 import numpy as np
 
 from edgeprefill.runtime.analysis.metrics import class_summary, completed
-from edgeprefill.runtime.core.engine import Iteration
 from edgeprefill.runtime.core.errors import UserError
+from edgeprefill.runtime.core.iteration import Iteration
 from edgeprefill.runtime.core.request import CLASSES, Request
 from edgeprefill.runtime.core.resource import Closeable
 from edgeprefill.thermal.energy import IterationSpan

@@ -14,7 +14,8 @@ from typing import Any
 
 from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.contract import Backend
-from edgeprefill.runtime.core.engine import Driver, Engine, SchedulingBackend
+from edgeprefill.runtime.core.driver import Driver, SchedulingBackend
+from edgeprefill.runtime.core.engine import Engine
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.request import Request

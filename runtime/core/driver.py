@@ -1,0 +1,77 @@
+"""What replays a workload: the runtime's `Engine` over a backend it schedules, or a
+backend's own engine that schedules itself (vLLM) with the same policy objects."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from edgeprefill.runtime.core.budget import BudgetPolicy
+from edgeprefill.runtime.core.iteration import Advance
+from edgeprefill.runtime.core.plan import IterationTiming
+from edgeprefill.runtime.core.request import Request
+
+
+class RunClock:
+    """Seconds since the run started; every timestamp in a run's results uses it."""
+
+    def __init__(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+class Driver(Protocol):
+    clock: Any
+    policy: BudgetPolicy
+
+    @property
+    def has_work(self) -> bool: ...
+
+    @property
+    def has_running(self) -> bool:
+        """Some request is decoding: an iteration with nothing scheduled is a wait for
+        the device, not a policy that gives no budget to work that cannot otherwise run."""
+        ...
+
+    def add(self, req: Request) -> bool: ...
+
+    @property
+    def can_preempt(self) -> bool:
+        """Whether `preempt` can stop an iteration in flight."""
+        ...
+
+    def preempt(self) -> None:
+        """A foreground request is arriving: stop background-only prompt work in flight."""
+        ...
+
+    def advance(self) -> Advance | None:
+        """Run one iteration; None when nothing could be scheduled."""
+        ...
+
+    def cancel(self, req: Request) -> bool: ...
+
+    def abort(self, reason: str) -> list[Request]: ...
+
+
+class SchedulingBackend(Protocol):
+    """A backend that schedules its own batches (vLLM): the runtime hands it the policy
+    object and replays the workload through the driver it returns."""
+
+    name: str
+    tokenizer: Any
+
+    def engine(self, policy: BudgetPolicy, *, guard: Any = None, clock: Any = None) -> Driver: ...
+
+    def probe_timings(self, seed: int = 0) -> list[IterationTiming]:
+        """Timed iterations of a chat alone and beside prompt chunks of several sizes, for
+        the startup cost model."""
+        ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...

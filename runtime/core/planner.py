@@ -1,0 +1,61 @@
+"""One decision per iteration, the same on both engines.
+
+The runtime's `Engine` and the vLLM scheduler adapter each describe their requests as
+`Candidate`s and ask the `Planner`; it builds the state, asks the policy once, lets the
+thermal guard cap the background's share and bounds how long background decodes wait. What
+each engine then does with the `Decision` (the runtime's `Scheduler.plan`, or vLLM's
+`_reserve_prefill_lookahead`) is the only part that differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from edgeprefill.runtime.core.budget import BackgroundCap, BudgetPolicy
+from edgeprefill.runtime.core.plan import Decision, IterationTiming, SchedState
+from edgeprefill.runtime.core.state import Candidate, sched_state
+
+# The most iterations in a row background decodes may be left out of, so a document's
+# summary always progresses.
+MAX_DEFERRED = 8
+
+
+class Planner:
+    def __init__(self, policy: BudgetPolicy, guard: BackgroundCap | None = None) -> None:
+        self.policy = policy
+        self.guard = guard
+        self.last: IterationTiming | None = None  # the latest completed iteration
+        self._deferred_run = 0  # decisions in a row that deferred background decodes
+
+    def state(self, candidates: Sequence[Candidate], n_batch: int, now_s: float) -> SchedState:
+        may_defer = self._deferred_run < MAX_DEFERRED
+        return sched_state(candidates, n_batch, self.last, now_s, may_defer)
+
+    def decide(self, candidates: Sequence[Candidate], n_batch: int, now_s: float) -> Decision:
+        """Called once before each iteration is planned."""
+        state = self.state(candidates, n_batch, now_s)
+        decision = self.policy.decide(state)
+        if decision.defer_background_decodes and not (
+            state.may_defer and state.n_decode_background
+        ):
+            decision = replace(decision, defer_background_decodes=False)
+        self._deferred_run = self._deferred_run + 1 if decision.defer_background_decodes else 0
+        if self.guard is not None:
+            self.guard.update()
+            cap = self.guard.background_cap(decision.budget, n_batch)
+            decision = replace(decision, background_cap=cap)
+        return decision
+
+    def observe(self, timing: IterationTiming) -> None:
+        """Called once per completed iteration, with the time of the finished work."""
+        self.policy.observe(timing)
+        self.last = timing
+
+    def snapshot(self) -> dict[str, Any]:
+        """The policy's (and thermal guard's) state after an iteration, for its record."""
+        state = self.policy.snapshot()
+        if self.guard is not None:
+            state = {**state, "thermal": self.guard.snapshot()}
+        return state
