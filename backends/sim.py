@@ -129,6 +129,7 @@ class SimBackend(Backend):
         return {
             "name": self.name,
             "simulated": True,
+            "clock": "virtual",  # iteration times from the cost model
             "cost_model": self.cost.to_dict(),
             "noise": self.noise,
             "residuals": int(self.residuals.size),

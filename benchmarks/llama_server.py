@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from edgeprefill.backends.llamacpp.model_file import default_model_path
+from edgeprefill.backends.bundled_model import default_model_path
 from edgeprefill.backends.llamacpp.native import LlamaModel
 from edgeprefill.backends.llamacpp.tokenizer import LlamaTokenizer
 from edgeprefill.runtime.analysis.metrics import class_summary, completed

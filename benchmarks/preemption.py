@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edgeprefill.backends.bundled_model import default_model_path
 from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
-from edgeprefill.backends.llamacpp.model_file import default_model_path
 from edgeprefill.runtime.core.engine import Engine
 from edgeprefill.runtime.core.request import Request
 from edgeprefill.runtime.policies import parse_policy

@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from edgeprefill.backends.bundled_model import default_model_path
 from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
-from edgeprefill.backends.llamacpp.model_file import default_model_path
 from edgeprefill.backends.llamacpp.probe import plain_tokens
 from edgeprefill.runtime.core.engine import Engine
 from edgeprefill.runtime.core.request import Request

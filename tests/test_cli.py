@@ -105,6 +105,7 @@ def test_run_writes_results_that_agree_with_each_other(tmp_path):
     assert att["met"] == in_time and f"{in_time:>10} / 3" in res.stdout
     assert summary["policy"] == {"name": "static", "params": {"tokens": 32}, "spec": "static:32"}
     assert summary["machine"]["cpu_model"] and summary["backend"]["name"] == "llamacpp"
+    assert summary["backend"]["clock"] == "perf_counter"  # the same field on every backend
     acc = summary["accounting"]
     assert acc["reconciled"] and acc["submitted"] == len(requests) == 5
     for cls in ("foreground", "background"):
@@ -196,13 +197,19 @@ def test_bad_inputs_give_one_line_and_exit_code_2(tmp_path):
         (["--n-ctx", "100000"], "--n-ctx 100000 exceeds the model's trained context (32768)"),
         (["--max-background", "17"], "background sequences must be between 1 and n_seq_max (16)"),
         (["--backend", "tensorrt"], "Invalid value for '--backend'"),
-        (["--backend", "vllm", "--max-background", "2"], "--max-background/--foreground-kv apply"),
+        (
+            ["--backend", "vllm", "--max-background", "2"],
+            "--max-background does not apply to --backend vllm (vLLM admits requests",
+        ),
         (["--n-batch", "abc"], "'abc' is not a valid integer"),
         (["--thermal-aware", "--thermal-factor", "0"], "thermal factor must be in (0, 1]"),
         (["--telemetry-period", "0"], "telemetry period must be positive"),
         (["--thermal-aware", "--no-telemetry"], "--thermal-aware needs telemetry"),
         (["--kv-cache-ram", "lots"], "'lots' is not a size: write it as 512MiB, 2GiB or bytes"),
-        (["--sim-noise", "measured"], "--sim-noise applies to --backend sim only"),
+        (
+            ["--sim-noise", "measured"],
+            "--sim-noise does not apply to --backend llamacpp (it is --backend sim's)",
+        ),
     ]
     for extra, *fragments in cases:
         assert_clean_error(

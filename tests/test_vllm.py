@@ -4,6 +4,7 @@ objects inside vLLM's scheduler, completed-step timing, the same result files.""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,8 @@ pytest.importorskip("vllm", reason="vLLM is not installed (make test installs it
 from edgeprefill.backends.vllm.backend import VllmBackend, VllmSettings  # noqa: E402
 from edgeprefill.runtime.core.budget import BudgetPolicy  # noqa: E402
 from edgeprefill.runtime.core.plan import IterationTiming  # noqa: E402
-from edgeprefill.runtime.core.request import Request  # noqa: E402
-from edgeprefill.runtime.core.scheduler import MAX_DEFERRED  # noqa: E402
+from edgeprefill.runtime.core.planner import MAX_DEFERRED  # noqa: E402
+from edgeprefill.runtime.core.request import Request, Status  # noqa: E402
 from edgeprefill.runtime.policies import parse_policy  # noqa: E402
 from edgeprefill.runtime.runner.calibration import probe_device  # noqa: E402
 from edgeprefill.runtime.runner.session import RunOptions, run_workload  # noqa: E402
@@ -259,8 +260,8 @@ def test_a_chat_arriving_while_documents_prefill_goes_first_in_the_next_step(vll
 class AlwaysDefer(Recording):
     name = "always-defer"
 
-    def defer_background_decodes(self, state):
-        return True
+    def decide(self, state):
+        return replace(super().decide(state), defer_background_decodes=True)
 
 
 def test_background_decodes_deferred_inside_vllm_never_longer_than_allowed(vllm_backend):
@@ -336,9 +337,10 @@ class ChunkByTarget(Recording):
         super().__init__(tokens)
         self.targets: list[float | None] = []
 
-    def foreground_chunk(self, state):
-        self.targets.append(state.foreground_ttft_target_s)
-        return None
+    def decide(self, state):
+        if state.foreground_prompt_left:
+            self.targets.append(state.foreground_ttft_target_s)
+        return super().decide(state)
 
 
 def test_a_chats_prompt_goes_without_documents_decodes_and_its_target_reaches_the_policy(
@@ -370,3 +372,80 @@ def test_a_chats_prompt_goes_without_documents_decodes_and_its_target_reaches_th
     while engine.has_work:
         engine.advance()
     assert len(chat.output) == 4 and all(len(d.output) == 20 for d in docs)
+
+
+# One planner for both engines: the same states, described by each engine's own requests,
+# give the same decisions. (id, class, prompt tokens, computed, outputs, admitted, arrival)
+SCRIPT = [
+    [("doc0", "background", 3000, 1024, 0, True, 0.0), ("chat0", "foreground", 300, 0, 0, False, 0.2)],
+    [("doc0", "background", 3000, 1024, 0, True, 0.0), ("chat0", "foreground", 300, 96, 0, True, 0.2),
+     ("doc1", "background", 2000, 0, 0, False, 0.1)],
+    [("chat0", "foreground", 300, 300, 5, True, 0.2), ("doc0", "background", 3000, 3000, 3, True, 0.0),
+     ("doc1", "background", 2000, 512, 0, True, 0.1), ("chat1", "foreground", 250, 0, 0, False, 0.9)],
+    [("chat0", "foreground", 300, 300, 9, True, 0.2), ("chat1", "foreground", 250, 64, 0, True, 0.9),
+     ("doc0", "background", 3000, 3000, 7, True, 0.0), ("doc1", "background", 2000, 1536, 0, True, 0.1)],
+    [("chat0", "foreground", 300, 300, 30, True, 0.2), ("chat1", "foreground", 250, 250, 12, True, 0.9),
+     ("doc1", "background", 2000, 1990, 0, True, 0.1)],
+    [("chat1", "foreground", 250, 250, 40, True, 0.9), ("doc1", "background", 2000, 2000, 4, True, 0.1),
+     ("doc2", "background", 1000, 0, 0, False, 2.0)],
+]  # fmt: skip
+
+
+def core_candidates(script_state, n_batch):
+    from tests.helpers import make_scheduler
+
+    sched, _ = make_scheduler(n_batch=n_batch, n_seq_max=8)
+    for rid, cls, prompt, computed, outputs, admitted, arrival in script_state:
+        req = Request(rid, cls, arrival, list(range(10, 10 + prompt)), 64, ttft_target_s=1.0)
+        sched.add(req)
+        if admitted:
+            sched._admit(req)
+            req.num_computed = computed
+            req.output = [7] * outputs
+            if computed == prompt:
+                req.status = Status.DECODE
+    return sched.candidates()
+
+
+def vllm_candidates(scheduler, script_state, t0):
+    from vllm import SamplingParams
+    from vllm.v1.request import Request as VllmRequest
+
+    running, waiting = [], []
+    for rid, cls, prompt, computed, outputs, admitted, arrival in script_state:
+        req = VllmRequest(
+            rid, list(range(10, 10 + prompt)), SamplingParams(max_tokens=64), None,
+            arrival_time=t0 + arrival, priority=0 if cls == "foreground" else 1,
+        )  # fmt: skip
+        for _ in range(outputs):
+            req.append_output_token_ids(7)
+        req.num_computed_tokens = computed + max(outputs - 1, 0)
+        scheduler.ep_ttft_targets[rid] = 1.0
+        (running if admitted else waiting).append(req)
+    held = scheduler.running, scheduler.waiting
+    scheduler.running, scheduler.waiting = running, waiting
+    try:
+        return scheduler._ep_candidates()
+    finally:
+        scheduler.running, scheduler.waiting = held
+        for rid, *_ in script_state:
+            scheduler.ep_ttft_targets.pop(rid, None)
+
+
+@pytest.mark.parametrize("spec", ["cadence", "ppas", "dlfp", "static:64", "unlimited"])
+def test_both_engines_plan_the_same_scripted_states_identically(vllm_backend, vllm_profile, spec):
+    from edgeprefill.runtime.core.planner import Planner
+
+    planners = []
+    for _ in range(2):
+        policy = parse_policy(spec)
+        policy.calibrate(vllm_profile)
+        policy.check_ready()
+        planners.append(Planner(policy))
+    core, vllm = planners
+    n_batch, t0, now = 1024, 1_000_000.0, 1.25
+    for script_state in SCRIPT:
+        ours = core_candidates(script_state, n_batch)
+        theirs = vllm_candidates(vllm_backend.scheduler, script_state, t0)
+        assert core.state(ours, n_batch, now) == vllm.state(theirs, n_batch, t0 + now)
+        assert core.decide(ours, n_batch, now) == vllm.decide(theirs, n_batch, t0 + now)

@@ -295,7 +295,7 @@ class LlamaCppBackend(Backend):
             "kv_unified": c.kv_unified,
             "swa_full": False,
             "weights_repacked": self.model.repacked,
-            "timing": "perf_counter around synchronous llama_decode",
+            "clock": "perf_counter",  # around the synchronous llama_decode
             "batching": self.settings.describe(),
             "expected_work": c.expected_work and c.expected_work.describe(),
             "probe": self.probe.describe(),

@@ -13,8 +13,8 @@ import logging
 import shutil
 from pathlib import Path
 
+from edgeprefill.backends.bundled_model import default_model_path
 from edgeprefill.backends.cache import cache_dir
-from edgeprefill.backends.llamacpp.model_file import default_model_path
 from edgeprefill.runtime.core.errors import UserError
 
 log = logging.getLogger(__name__)

@@ -48,7 +48,7 @@ def format_summary(s: dict[str, Any]) -> str:
         probe = s["backend"].get("probe")
         if probe is not None:
             lines.append(f"Device probe: {probe['source']} ({probe['path']})")
-    if "clock" in s["backend"]:  # vLLM: what timed each completed step
+    if s["backend"]["name"] == "vllm":  # what timed each completed step
         b = s["backend"]
         lines.append(
             f"vLLM {b['vllm_version']} on {b['device']}: {b['dtype']}, steps timed by "

@@ -1,0 +1,78 @@
+"""`--backend sim`: the simulated backend over a cost model from `edgeprefill calibrate`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+
+from edgeprefill.runtime.core.errors import UserError
+from edgeprefill.runtime.core.work import ExpectedWork
+from edgeprefill.runtime.runner.devices.kind import DEVICES, DeviceKind, Opened, Options
+
+
+@contextmanager
+def open_sim(o: Options, work: ExpectedWork | None) -> Iterator[Opened]:
+    from edgeprefill.backends.sim import SimBackend
+    from edgeprefill.runtime.core.contract import Capacity
+    from edgeprefill.runtime.runner.calibration import load_profile, load_residuals
+
+    profile = load_profile(o["cost_model"])
+    n_ctx = o["n_ctx"] * (1 if o["kv_unified"] else o["n_seq_max"])
+    try:
+        capacity = Capacity(
+            o["n_batch"],
+            n_ctx,
+            o["n_seq_max"],
+            o["n_ctx"],
+            profile.min_chunk,
+            o["n_ubatch"] or o["n_batch"],
+            profile.chunk_quantum,
+        )
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    noise = load_residuals(o["cost_model"]) if o["sim_noise"] == "measured" else ()
+    # Every run draws the same noise sequence: paired runs meet the same stalls.
+    yield (lambda: SimBackend(profile.cost, capacity, residuals=noise)), profile
+
+
+def check(o: Options) -> None:
+    if o["cost_model"] is None:
+        raise UserError(
+            "--backend sim needs --cost-model FILE (write one with `edgeprefill calibrate RUN_DIR`)"
+        )
+    if o["thermal_aware"]:
+        raise UserError("--thermal-aware needs telemetry from a real device, not --backend sim")
+
+
+SIM = DEVICES.register("sim")(
+    DeviceKind(
+        "sim",
+        "the simulated backend (needs --cost-model)",
+        open_sim,
+        "Simulated backend",
+        options=(
+            click.option(
+                "--cost-model",
+                type=click.Path(path_type=Path),
+                default=None,
+                help="the simulated backend's cost model (from `edgeprefill calibrate`)",
+            ),
+            click.option(
+                "--sim-noise",
+                type=click.Choice(["none", "measured"]),
+                default="none",
+                show_default=True,
+                help="add to each iteration one of the calibrated run's residuals (measured "
+                "minus predicted time), drawn at random",
+            ),
+        ),
+        ignores={
+            "model": "the cost model stands for the model",
+            "calibration": "policies default from the cost model",
+        },
+        check=check,
+    )
+)
