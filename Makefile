@@ -12,7 +12,7 @@ WORKLOAD ?= workloads/assistant_plus_indexer.yaml
 POLICY ?= cadence
 RUN_ARGS ?=
 
-.PHONY: setup setup-vllm run test bench-versus clean
+.PHONY: setup setup-vllm run test bench-versus results clean
 
 setup: $(STAMP)
 
@@ -39,12 +39,21 @@ test: setup-vllm
 
 # Not part of the tests: llama-server (built from llama-cpp-python's vendored source) against
 # edgeprefill's policies on two workloads, 3 seeds, then iterations against
-# llama-batched-bench (~1.3 h on 2 cores; RESULTS.md sections S and B).
+# llama-batched-bench (~1.3 h on 2 cores; benchmarks/history.md sections S and B).
 bench-versus: setup
 	benchmarks/build_llamacpp_tools.sh $(BIN)/python
 	$(BIN)/python benchmarks/versus_server.py run --out results/versus
 	$(BIN)/python benchmarks/throughput.py --tools build/llamacpp-tools/build/bin \
 		--out results/versus/throughput.json
+
+# RESULTS.md, regenerated: llama-server and edgeprefill's policies on the default and bursty
+# workloads, SEEDS seeds back to back (~25 min a seed on 2 cores, plus ~9 min to build
+# llama-server once), then the page from the result folders (runs already there are kept).
+SEEDS ?= 3
+results: setup
+	benchmarks/build_llamacpp_tools.sh $(BIN)/python
+	$(BIN)/python benchmarks/versus_server.py run --out results/versus --seeds $(SEEDS)
+	$(BIN)/python benchmarks/results_page.py results/versus > RESULTS.md
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

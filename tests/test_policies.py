@@ -258,9 +258,9 @@ def test_cadence_sizes_a_chats_prompt_by_the_chats_own_errors():
     common = dict(decode_ctx=600, next_prefill_pos=0, next_prefill_left=300)
     documents = SchedState(1, 1, 1, 1, 2048, **common)
     waiting_chat = SchedState(1, 1, 1, 1, 2048, foreground_prompt_left=300, **common)
-    assert p.snapshot()["chat_margin_ms"] < 5
+    assert p.snapshot()["prompt_margin_ms"] < 5
     # The margins' difference, spent on prompt tokens (~3 ms each here).
-    room = (margin_s(p) - p.snapshot()["chat_margin_ms"] / 1000) / p._model.per_prefill_s
+    room = (margin_s(p) - p.snapshot()["prompt_margin_ms"] / 1000) / p._model.per_prefill_s
     for_documents = p.decide(documents).budget
     assert p.decide(waiting_chat).budget >= for_documents + int(room) - 1 > for_documents
 

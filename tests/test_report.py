@@ -14,7 +14,7 @@ from matplotlib.image import imread
 from edgeprefill.backends.sim import SimBackend
 from edgeprefill.runtime.cli.main import cli
 from edgeprefill.runtime.core.profile import DeviceProfile
-from edgeprefill.runtime.runner.comparison import run_comparison
+from edgeprefill.runtime.runner.comparison import Comparison, run_comparison
 from edgeprefill.runtime.runner.session import RunOptions, run_workload
 from edgeprefill.runtime.traffic.workload import load_workload
 from tests.test_policies import CAP, COST
@@ -92,16 +92,18 @@ def test_report_of_two_runs(tmp_path):
 def test_a_compare_folder_becomes_the_same_report(tmp_path):
     spec = load_workload(DEFAULT)
     report, _ = run_comparison(
-        spec,
-        DEFAULT,
-        ["static:64", "cadence"],
-        ["static:64"],
-        2,
-        lambda: SimBackend(COST, CAP),
-        PROFILE,
-        tmp_path / "cmp",
-        options=QUIET,
-        simulated=True,
+        Comparison(
+            spec,
+            DEFAULT,
+            ["static:64", "cadence"],
+            ["static:64"],
+            2,
+            lambda: SimBackend(COST, CAP),
+            PROFILE,
+            tmp_path / "cmp",
+            options=QUIET,
+            simulated=True,
+        )
     )
     (tmp_path / "cmp" / "comparison.json").write_text(json.dumps(report))
     result = CliRunner().invoke(cli, ["report", str(tmp_path / "cmp")])

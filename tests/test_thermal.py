@@ -405,3 +405,15 @@ def test_cpu_load_is_sampled_only_for_a_declared_tdp(tmp_path):
     assert "cpu_load" in names(TelemetryConfig(tdp_w=28.0, root=tmp_path))
     with pytest.raises(ValueError, match="TDP must be positive"):
         TelemetryConfig(tdp_w=0)
+
+
+def test_the_cpus_vector_extensions_are_named_so_results_compare_only_alike(tmp_path):
+    from edgeprefill.thermal.machine import cpu_isa
+
+    avx2 = tmp_path / "avx2"
+    avx2.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx fma avx2 f16c\n")
+    zen5 = tmp_path / "zen5"
+    zen5.write_text("flags\t\t: fpu avx2 avx512f avx512_bf16 avx512vl\n")
+    assert cpu_isa(avx2) == ["avx2"]
+    assert cpu_isa(zen5) == ["avx2", "avx512f", "avx512_bf16"]
+    assert cpu_isa(tmp_path / "missing") == []

@@ -9,6 +9,22 @@ from typing import Any
 import psutil
 
 
+# Vector extensions that change which kernels llama.cpp runs (and how fast): results from
+# an AVX2-only CPU and an AVX-512 one do not compare.
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile")
+
+
+def cpu_isa(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
+    """Which of ISA_FLAGS the CPU has (empty where /proc/cpuinfo cannot be read)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return []
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
+                  if line.startswith("flags")), [])  # fmt: skip
+    return [f for f in ISA_FLAGS if f in flags]
+
+
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     try:
         for line in cpuinfo.read_text().splitlines():
@@ -32,6 +48,7 @@ def gpu_names(root: Path = Path("/proc/driver/nvidia/gpus")) -> list[str]:
 def describe_machine() -> dict[str, Any]:
     return {
         "cpu_model": cpu_model(),
+        "cpu_isa": cpu_isa(),
         "physical_cores": psutil.cpu_count(logical=False),
         "logical_cores": psutil.cpu_count(logical=True),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),

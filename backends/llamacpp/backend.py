@@ -114,18 +114,7 @@ class LlamaCppBackend(Backend):
         self._stack = ExitStack()
         self._samplers: dict[int, LlamaSampler] = {}
         try:
-            try:
-                self.model = self._stack.enter_context(closing(LlamaModel(path)))
-            except RuntimeError:
-                raise UserError(
-                    f"llama.cpp could not load {path}: the GGUF file is damaged or its "
-                    "architecture is not supported by this llama.cpp"
-                ) from None
-            if config.n_ctx > self.model.n_ctx_train:
-                raise UserError(
-                    f"`n_ctx` {config.n_ctx} exceeds the model's trained context "
-                    f"({self.model.n_ctx_train}); use `n_ctx` {self.model.n_ctx_train} or less"
-                )
+            self.model = self._stack.enter_context(closing(self._load(path)))
             self.n_threads = config.n_threads or default_threads()
             self.probe = probe(
                 self.model,
@@ -143,32 +132,11 @@ class LlamaCppBackend(Backend):
                 overrides=config.overrides,
                 work=config.expected_work,
             )
-            self.ctx = self._stack.enter_context(
-                closing(
-                    LlamaContext(
-                        self.model,
-                        n_ctx=config.n_ctx,
-                        n_batch=config.n_batch,
-                        n_ubatch=self.settings.n_ubatch,
-                        n_seq_max=config.n_seq_max,
-                        n_threads=self.n_threads,
-                        kv_unified=config.kv_unified,
-                        flash_attn=self.settings.flash_attn,
-                    )
-                )
-            )
+            self.ctx = self._stack.enter_context(closing(self._context()))
             self.batch = self._stack.enter_context(closing(LlamaBatch(config.n_batch)))
             self._stack.callback(self._close_samplers)
             if config.kv_cache:
-                store = StateStore(
-                    self._kv_identity(path),
-                    ram_bytes=config.kv_cache_ram,
-                    disk_bytes=config.kv_cache_disk,
-                    folder=config.kv_cache_dir or kv_cache_dir(),
-                )
-                self.prefix_cache = self._stack.enter_context(
-                    closing(LlamaPrefixCache(self.ctx, store))
-                )
+                self.prefix_cache = self._stack.enter_context(closing(self._prefix_cache(path)))
         except BaseException:
             self._stack.close()
             raise
@@ -185,6 +153,46 @@ class LlamaCppBackend(Backend):
 
     supports_abort = True
     prefix_cache: LlamaPrefixCache | None = None
+
+    def _load(self, path: Path) -> LlamaModel:
+        try:
+            model = LlamaModel(path)
+        except RuntimeError:
+            raise UserError(
+                f"llama.cpp could not load {path}: the GGUF file is damaged or its "
+                "architecture is not supported by this llama.cpp"
+            ) from None
+        n_ctx = self.config.n_ctx
+        if n_ctx > model.n_ctx_train:
+            model.close()
+            raise UserError(
+                f"`n_ctx` {n_ctx} exceeds the model's trained context "
+                f"({model.n_ctx_train}); use `n_ctx` {model.n_ctx_train} or less"
+            )
+        return model
+
+    def _context(self) -> LlamaContext:
+        c = self.config
+        return LlamaContext(
+            self.model,
+            n_ctx=c.n_ctx,
+            n_batch=c.n_batch,
+            n_ubatch=self.settings.n_ubatch,
+            n_seq_max=c.n_seq_max,
+            n_threads=self.n_threads,
+            kv_unified=c.kv_unified,
+            flash_attn=self.settings.flash_attn,
+        )
+
+    def _prefix_cache(self, path: Path) -> LlamaPrefixCache:
+        c = self.config
+        store = StateStore(
+            self._kv_identity(path),
+            ram_bytes=c.kv_cache_ram,
+            disk_bytes=c.kv_cache_disk,
+            folder=c.kv_cache_dir or kv_cache_dir(),
+        )
+        return LlamaPrefixCache(self.ctx, store)
 
     def _kv_identity(self, path: Path) -> dict[str, Any]:
         """What a saved state is valid for: the model file, the llama.cpp build, the KV

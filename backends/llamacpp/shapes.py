@@ -206,18 +206,7 @@ def choose_settings(
     if exact is not None:
         pairs = zip(slowdowns(exact, exact.max_decode_group), slowdowns(fast, None), strict=True)
         cost = max(e / q for e, q in pairs) - 1.0
-    mode: Mode
-    if batching == "auto":
-        mode = "exact" if cost is not None and cost < EXACT_COST_LIMIT else "fast"
-        why = (
-            "no batch shape was bit-identical on this CPU"
-            if cost is None
-            else f"exact batching costs {cost:.0%} here ("
-            + ("under" if mode == "exact" else "over")
-            + f" {EXACT_COST_LIMIT:.0%})"
-        )
-    else:
-        mode, why = batching, "asked for"
+    mode, why = _mode(batching, cost)
     if mode == "exact":
         settings = _exact_settings(exact or _safest(facts), n_batch)
     else:
@@ -236,6 +225,18 @@ def choose_settings(
     if mode == "exact" and inexact:
         detail += f"; not exact: {inexact}"
     return replace(settings, reason=f"{mode} batching: {why}; {detail}", exact_cost=cost)
+
+
+def _mode(batching: Batching, cost: float | None) -> tuple[Mode, str]:
+    """The batching mode to use and why: `auto` is exact where that costs under
+    EXACT_COST_LIMIT on this CPU (`cost`: None where no shape was exact)."""
+    if batching != "auto":
+        return batching, "asked for"
+    if cost is None:
+        return "fast", "no batch shape was bit-identical on this CPU"
+    mode: Mode = "exact" if cost < EXACT_COST_LIMIT else "fast"
+    side = "under" if mode == "exact" else "over"
+    return mode, f"exact batching costs {cost:.0%} here ({side} {EXACT_COST_LIMIT:.0%})"
 
 
 def _safest(facts: list[AttentionFacts]) -> AttentionFacts:

@@ -63,6 +63,61 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def _set_threads(n_threads: int | None) -> None:
+    """An in-process engine core (the driver reads the scheduler's step records directly),
+    offline, with the threads asked for: vLLM's CPU build cuts torch to one thread unless
+    OMP_NUM_THREADS is set (fp32 decoding was 10x slower with one thread on a 2-core CPU)."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder; never the hub
+    threads = n_threads or os.cpu_count() or 1
+    if n_threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+    else:
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+def _engine_config(settings: VllmSettings, on_gpu: bool) -> Any:
+    """vLLM's engine config for `settings`, with edgeprefill's scheduler and timed worker."""
+    from vllm import EngineArgs
+
+    args = EngineArgs(
+        model=str(settings.model),
+        skip_tokenizer_init=True,  # prompts are token ids, built by the runtime
+        max_model_len=settings.n_ctx,
+        max_num_batched_tokens=settings.n_batch,
+        max_num_seqs=settings.n_seq_max,
+        enable_chunked_prefill=True,
+        enable_prefix_caching=settings.prefix_caching,
+        scheduling_policy="priority",
+        dtype=settings.dtype,
+        seed=settings.seed,
+        tensor_parallel_size=settings.tensor_parallel_size,
+        enforce_eager=settings.enforce_eager,
+        kv_cache_memory_bytes=(
+            None if settings.kv_cache_gib is None else int(settings.kv_cache_gib * 2**30)
+        ),
+        gpu_memory_utilization=0.9 if on_gpu else 0.3,
+        disable_log_stats=True,
+    )
+    try:
+        config = args.create_engine_config()
+    except (ValueError, TypeError) as e:
+        raise UserError(f"vLLM rejected the settings: {_first_error(e)}") from None
+    sched = config.scheduler_config
+    sched.scheduler_cls = SCHEDULERS[bool(sched.async_scheduling)]
+    worker = config.parallel_config.worker_cls
+    if worker not in TIMED_WORKERS:
+        raise UserError(
+            f"vLLM chose worker {worker}, which edgeprefill cannot time; supported: "
+            f"{', '.join(TIMED_WORKERS)}"
+        )
+    config.parallel_config.worker_cls = TIMED_WORKERS[worker]
+    return config
+
+
 class VllmBackend(Closeable):
     """An open vLLM engine (in this process, so the driver reaches its scheduler). One
     backend serves several runs in turn (`compare`, `sweep`), each with its own policy."""
@@ -88,57 +143,14 @@ class VllmBackend(Closeable):
                 "and none is visible; drop it on a CPU"
             )
         self.settings = settings
-        threads = settings.n_threads or os.cpu_count() or 1
-        # In-process engine core: the driver reads the scheduler's step records directly.
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder; never the hub
-        # vLLM's CPU build cuts torch to one thread unless OMP_NUM_THREADS is set (fp32
-        # decoding was 10x slower with one thread on a 2-core CPU).
-        if settings.n_threads is not None:
-            os.environ["OMP_NUM_THREADS"] = str(threads)
-        else:
-            os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-        import torch
-
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-        from vllm import EngineArgs
+        _set_threads(settings.n_threads)
         from vllm.v1.engine.llm_engine import LLMEngine
 
         from edgeprefill.backends.vllm.tokenizer import HFTokenizer
 
         self.tokenizer = HFTokenizer(settings.model)
-        args = EngineArgs(
-            model=str(settings.model),
-            skip_tokenizer_init=True,  # prompts are token ids, built by the runtime
-            max_model_len=settings.n_ctx,
-            max_num_batched_tokens=settings.n_batch,
-            max_num_seqs=settings.n_seq_max,
-            enable_chunked_prefill=True,
-            enable_prefix_caching=settings.prefix_caching,
-            scheduling_policy="priority",
-            dtype=settings.dtype,
-            seed=settings.seed,
-            tensor_parallel_size=settings.tensor_parallel_size,
-            enforce_eager=settings.enforce_eager,
-            kv_cache_memory_bytes=(
-                None if settings.kv_cache_gib is None else int(settings.kv_cache_gib * 2**30)
-            ),
-            gpu_memory_utilization=0.9 if on_gpu else 0.3,
-            disable_log_stats=True,
-        )
-        try:
-            config = args.create_engine_config()
-        except (ValueError, TypeError) as e:
-            raise UserError(f"vLLM rejected the settings: {_first_error(e)}") from None
+        config = _engine_config(settings, on_gpu)
         sched = config.scheduler_config
-        sched.scheduler_cls = SCHEDULERS[bool(sched.async_scheduling)]
-        worker = config.parallel_config.worker_cls
-        if worker not in TIMED_WORKERS:
-            raise UserError(
-                f"vLLM chose worker {worker}, which edgeprefill cannot time; supported: "
-                f"{', '.join(TIMED_WORKERS)}"
-            )
-        config.parallel_config.worker_cls = TIMED_WORKERS[worker]
         self.async_scheduling = bool(sched.async_scheduling)
         self.dtype = str(config.model_config.dtype).removeprefix("torch.")
         self.device = "cuda" if on_gpu else "cpu"

@@ -55,36 +55,30 @@ def format_summary(s: dict[str, Any]) -> str:
             f"{b['clock']}, {'async' if b['async_scheduling'] else 'sync'} scheduling"
         )
     for cls in CLASSES:
-        c = s[cls]
-        lines.append(f"{' ' + cls + ' ':-^{WIDTH}}")
-        lines.append(f"{'Completed / failed:':<34}{c['completed']:>10} / {c['failed']:<9}")
-        for label, key in (("TTFT", "ttft"), ("ITL", "itl"), ("TPOT", "tpot"), ("E2E", "e2el")):
-            for stat, name in (
-                ("mean", "Mean"),
-                ("median", "Median"),
-                ("p95", "P95"),
-                ("p99", "P99"),
-            ):
-                lines.append(
-                    f"{name + ' ' + label + ' (ms):':<34}{_fmt(c[f'{stat}_{key}_ms']):>22}"
-                )
-        att = c.get("ttft_attainment")
-        if att is not None:
-            within = "/".join(f"{t:g}" for t in att["targets_s"])
-            label = f"TTFT within target ({within} s):"
-            lines.append(f"{label:<34}{att['met']:>10} / {att['requests']:<9}")
-        lines.append(
-            f"{'Input / output tokens:':<34}{c['input_tokens']:>10} / {c['output_tokens']:<9}"
-        )
-        if c.get("prefix_reused_tokens"):
-            lines.append(
-                f"{'Input tokens restored, not computed:':<34}{c['prefix_reused_tokens']:>10}"
-            )
-        lines.append(f"{'Prefill throughput (tok/s):':<34}{_fmt(c['prefill_tok_s']):>22}")
-        lines.append(f"{'Output throughput (tok/s):':<34}{_fmt(c['output_tok_s']):>22}")
+        lines += _class_lines(cls, s[cls])
     lines += _energy_lines(s.get("energy"))
     lines.append("=" * WIDTH)
     return "\n".join(lines)
+
+
+def _class_lines(cls: str, c: dict[str, Any]) -> list[str]:
+    """One class's latencies (vLLM bench's statistics), attainment and throughput."""
+    lines = [f"{' ' + cls + ' ':-^{WIDTH}}"]
+    lines.append(f"{'Completed / failed:':<34}{c['completed']:>10} / {c['failed']:<9}")
+    for label, key in (("TTFT", "ttft"), ("ITL", "itl"), ("TPOT", "tpot"), ("E2E", "e2el")):
+        for stat, name in (("mean", "Mean"), ("median", "Median"), ("p95", "P95"), ("p99", "P99")):
+            lines.append(f"{name + ' ' + label + ' (ms):':<34}{_fmt(c[f'{stat}_{key}_ms']):>22}")
+    att = c.get("ttft_attainment")
+    if att is not None:
+        within = "/".join(f"{t:g}" for t in att["targets_s"])
+        label = f"TTFT within target ({within} s):"
+        lines.append(f"{label:<34}{att['met']:>10} / {att['requests']:<9}")
+    lines.append(f"{'Input / output tokens:':<34}{c['input_tokens']:>10} / {c['output_tokens']:<9}")
+    if c.get("prefix_reused_tokens"):
+        lines.append(f"{'Input tokens restored, not computed:':<34}{c['prefix_reused_tokens']:>10}")
+    lines.append(f"{'Prefill throughput (tok/s):':<34}{_fmt(c['prefill_tok_s']):>22}")
+    lines.append(f"{'Output throughput (tok/s):':<34}{_fmt(c['output_tok_s']):>22}")
+    return lines
 
 
 def _energy_lines(energy: dict[str, Any] | None) -> list[str]:

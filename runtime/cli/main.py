@@ -183,7 +183,7 @@ def _compare(rates: list[float] | None, o: dict[str, Any]) -> None:
     import json
 
     from edgeprefill.runtime.analysis.compare import format_report, format_sweep
-    from edgeprefill.runtime.runner.comparison import run_comparison, run_sweep
+    from edgeprefill.runtime.runner.comparison import Comparison, run_comparison, run_sweep
     from edgeprefill.runtime.traffic.expected import expected_work
     from edgeprefill.runtime.traffic.workload import load_workload
 
@@ -195,17 +195,15 @@ def _compare(rates: list[float] | None, o: dict[str, Any]) -> None:
     out = out or Path("results") / f"{kind}-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     options = run_options(o, progress=None if rates is None else False)
     with open_device(o, expected_work(spec)) as (make_backend, profile):
-        common = dict(options=options, simulated=o["backend"] == "sim")
+        c = Comparison(
+            spec, workload, names, bases, seeds, make_backend, profile, out, options,
+            simulated=o["backend"] == "sim",
+        )  # fmt: skip
         if rates is None:
-            report, checks = run_comparison(
-                spec, workload, names, bases, seeds, make_backend, profile, out, **common
-            )
+            report, checks = run_comparison(c)
             text = format_report(report, checks)
         else:
-            report = run_sweep(
-                spec, workload, rates, names, bases, seeds, make_backend, profile, out,
-                **common,
-            )  # fmt: skip
+            report = run_sweep(c, rates)
             text = format_sweep(report)
     path = out / ("comparison.json" if rates is None else "sweep.json")
     path.write_text(json.dumps(report, indent=2) + "\n")

@@ -53,7 +53,7 @@ def sched_state(
 ) -> SchedState:
     decodes = [c for c in candidates if c.decodes]
     head = next(prompt_order(candidates), None)
-    chat = head if head is not None and head.cls == "foreground" else None
+    fg = head if head is not None and head.cls == "foreground" else None
     return SchedState(
         n_prefill_running=sum(c.admitted and c.prompt_left > 0 for c in candidates),
         n_prefill_waiting=sum(not c.admitted for c in candidates),
@@ -65,9 +65,9 @@ def sched_state(
         next_prefill_pos=head.computed if head is not None else 0,
         next_prefill_left=head.prompt_left if head is not None else 0,
         decode_ctx_foreground=sum(c.computed + 1 for c in decodes if c.cls == "foreground"),
-        foreground_prompt_left=chat.prompt_left if chat is not None else 0,
-        foreground_prompt_pos=chat.computed if chat is not None else 0,
-        foreground_waited_s=max(now_s - chat.arrival_s, 0.0) if chat is not None else 0.0,
-        foreground_ttft_target_s=chat.ttft_target_s if chat is not None else None,
+        foreground_prompt_left=fg.prompt_left if fg is not None else 0,
+        foreground_prompt_pos=fg.computed if fg is not None else 0,
+        foreground_waited_s=max(now_s - fg.arrival_s, 0.0) if fg is not None else 0.0,
+        foreground_ttft_target_s=fg.ttft_target_s if fg is not None else None,
         may_defer=may_defer,
     )

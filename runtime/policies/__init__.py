@@ -12,7 +12,7 @@ from edgeprefill.runtime.policies.ppas import PPASPolicy
 from edgeprefill.runtime.policies.registry import POLICIES, parse_policy
 from edgeprefill.runtime.policies.static import StaticPolicy, UnlimitedPolicy
 
-# What `edgeprefill run` and `Runtime` use unless told otherwise: the policy RESULTS.md
+# What `edgeprefill run` and `Runtime` use unless told otherwise: the policy benchmarks/history.md
 # shows best on this project's workloads (section D), with its targets from the device.
 DEFAULT_POLICY = "cadence"
 

@@ -20,7 +20,8 @@ from edgeprefill.runtime.traffic.prompts import PromptBuilder
 
 def probe_device(backend: Backend | SchedulingBackend, seed: int = 0) -> DeviceProfile:
     """Time decode steps alone, decodes beside prompt chunks of several sizes, chunks deep
-    in a context and two decodes sharing a pass, then fit the cost model (about 5 s on a 2-core CPU)."""
+    in a context and two decodes sharing a pass, then fit the cost model (about 5 s on a
+    2-core CPU)."""
     if not isinstance(backend, Backend):
         return _probe_self_scheduling(backend, seed)
     cap = backend.capacity
@@ -29,59 +30,72 @@ def probe_device(backend: Backend | SchedulingBackend, seed: int = 0) -> DeviceP
             f"a context of {cap.n_ctx_seq} cells and a batch of {cap.n_batch} tokens are too "
             "small to probe the device; pass --calibration none or a cost-model file"
         )
-    tokens = PromptBuilder(backend.tokenizer).synthetic(1600, np.random.default_rng(seed))
-    greedy = SamplingParams()
-    timings: list[IterationTiming] = []
-    decode_times: list[float] = []
-
-    def run(work: list[SeqWork]) -> float:
-        result = backend.execute(work)
-        timings.append(timing_of(work, result.duration_s))
-        return result.duration_s
-
-    chat, doc = 0, min(1, cap.n_seq_max - 1)
+    script = _Script(backend, seed)
     try:
-        run([SeqWork(chat, tokens[:32], 0, greedy)])
-        pos_chat, pos_doc = 32, 0
-        for _ in range(6):
-            decode_times.append(run([SeqWork(chat, [tokens[pos_chat]], pos_chat, greedy)]))
-            pos_chat += 1
-        if doc == chat:  # a single-sequence device: no mixed iterations to probe
-            pos_doc = pos_chat
-        for c in (16, 64, 128, 256, 512, 64, 16):
-            c = min(c, cap.n_batch - 1, cap.max_chunk or c, cap.n_ctx_seq - 64 - pos_doc)
-            if c < 1:
-                break
-            work = [SeqWork(doc, tokens[pos_doc : pos_doc + c], pos_doc, None)]
-            if doc != chat:
-                work.insert(0, SeqWork(chat, [tokens[pos_chat]], pos_chat, greedy))
-                pos_chat += 1
-            run(work)
-            pos_doc += c
-        if doc != chat:  # two decodes in one pass: separates a pass from a sampled row
-            for _ in range(3):
-                run(
-                    [
-                        SeqWork(chat, [tokens[pos_chat]], pos_chat, greedy),
-                        SeqWork(doc, [tokens[pos_doc]], pos_doc, greedy),
-                    ]
-                )
-                pos_chat, pos_doc = pos_chat + 1, pos_doc + 1
+        script.run([script.chunk(script.fg, 32, sample=True)])
+        decode_times = [script.run([script.decode(script.fg)]) for _ in range(6)]
+        script.chunks_beside_a_decode((16, 64, 128, 256, 512, 64, 16))
+        script.two_decodes(3)
     finally:
-        backend.release(chat)
-        if doc != chat:
-            backend.release(doc)
+        script.release()
     decode_s = float(np.median(decode_times))
     return DeviceProfile(
-        CostModel.fit(timings),
+        CostModel.fit(script.timings),
         decode_s,
         target_for(decode_s),
         cap.n_batch,
         cap.min_chunk,
         "probe",
-        timings,
+        script.timings,
         cap.chunk_quantum,
     )
+
+
+class _Script:
+    """Timed iterations of a foreground sequence (`fg`) and a background one (`bg`; the
+    same on a single-sequence device), each continuing where it left off."""
+
+    def __init__(self, backend: Backend, seed: int) -> None:
+        self.backend = backend
+        self.tokens = PromptBuilder(backend.tokenizer).synthetic(1600, np.random.default_rng(seed))
+        self.fg, self.bg = 0, min(1, backend.capacity.n_seq_max - 1)
+        self.pos = {self.fg: 0, self.bg: 0}
+        self.timings: list[IterationTiming] = []
+
+    def run(self, work: list[SeqWork]) -> float:
+        result = self.backend.execute(work)
+        self.timings.append(timing_of(work, result.duration_s))
+        return result.duration_s
+
+    def chunk(self, seq: int, n: int, sample: bool = False) -> SeqWork:
+        pos = self.pos[seq]
+        self.pos[seq] += n
+        return SeqWork(seq, self.tokens[pos : pos + n], pos, SamplingParams() if sample else None)
+
+    def decode(self, seq: int) -> SeqWork:
+        return self.chunk(seq, 1, sample=True)
+
+    def chunks_beside_a_decode(self, sizes: tuple[int, ...]) -> None:
+        """Background chunks, each beside a foreground decode (alone on one sequence)."""
+        cap = self.backend.capacity
+        for c in sizes:
+            c = min(c, cap.n_batch - 1, cap.max_chunk or c, cap.n_ctx_seq - 64 - self.pos[self.bg])
+            if c < 1:
+                break
+            work = [self.chunk(self.bg, c)]
+            if self.bg != self.fg:
+                work.insert(0, self.decode(self.fg))
+            self.run(work)
+
+    def two_decodes(self, n: int) -> None:
+        """Two decodes in one pass: separates a pass from a sampled row."""
+        if self.bg != self.fg:
+            for _ in range(n):
+                self.run([self.decode(self.fg), self.decode(self.bg)])
+
+    def release(self) -> None:
+        for seq in {self.fg, self.bg}:
+            self.backend.release(seq)
 
 
 def _probe_self_scheduling(backend: SchedulingBackend, seed: int) -> DeviceProfile:

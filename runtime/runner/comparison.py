@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,82 +28,114 @@ from edgeprefill.runtime.traffic.workload import Workload
 log = logging.getLogger(__name__)
 
 
-def run_comparison(
-    spec: Workload,
-    path: Path,
-    names: list[str],
-    baselines: list[str],
-    seeds: int,
-    make_backend: Callable[[], Backend | SchedulingBackend],
-    profile: DeviceProfile | None,
-    out: Path,
-    *,
-    options: RunOptions | None = None,
-    simulated: bool = False,
-) -> tuple[dict[str, Any], list[str]]:
-    """Every policy on the same trace per seed; returns the report and its check lines."""
-    summaries: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
-    problems: list[str] = []
-    all_agree, all_reconciled, all_exact, why = True, True, True, ""
-    agreement = [0, 0, 0, 0]
-    for seed in range(spec.seed, spec.seed + seeds):
-        records: dict[str, list[dict[str, Any]]] = {}
-        for name in names:
-            log.info("seed %d: %s", seed, name)
-            result = run_workload(
-                spec,
-                path,
-                make_backend(),
-                name,
-                out / f"seed{seed}" / name.replace(":", "_"),
-                profile=profile,
-                seed=seed,
-                options=options,
+@dataclass(frozen=True)
+class Comparison:
+    """What `compare` and `sweep` share: the workload, the policies, the paired trials and
+    the device every run opens."""
+
+    spec: Workload
+    path: Path  # the workload's file, for each run's summary
+    names: list[str]  # policy specs, each run on every seed
+    baselines: list[str]  # the policies ratios are taken against
+    seeds: int  # paired trials: the workload's seed, seed+1, ...
+    make_backend: Callable[[], Backend | SchedulingBackend]
+    profile: DeviceProfile | None
+    out: Path
+    options: RunOptions | None = None
+    simulated: bool = False
+
+    @property
+    def seed_list(self) -> list[int]:
+        return list(range(self.spec.seed, self.spec.seed + self.seeds))
+
+
+@dataclass
+class Checks:
+    """What every run of a comparison must show, tallied over its seeds."""
+
+    agree: bool = True  # every policy produced the same tokens
+    reconciled: bool = True
+    exact: bool = True  # every run's batch shapes were measured bit-identical
+    why: str = ""  # why not, where not
+    agreement: list[int] = field(default_factory=lambda: [0, 0, 0, 0])
+    problems: list[str] = field(default_factory=list)
+
+    def add_run(self, summary: dict[str, Any]) -> None:
+        self.reconciled &= bool(summary["accounting"]["reconciled"])
+        exact, reason = batching_exact(summary)
+        if not exact:
+            self.exact, self.why = False, reason
+
+    def add_seed(self, seed: int, records: dict[str, list[dict[str, Any]]]) -> None:
+        agree, found = outputs_agree(records)
+        self.agree &= agree
+        self.agreement = [
+            a + b for a, b in zip(self.agreement, token_agreement(records), strict=True)
+        ]
+        self.problems += [f"seed {seed}: {p}" for p in found[:5]]
+
+    def lines(self, reference: str) -> list[str]:
+        equal, compared, same, n = self.agreement
+        if self.exact:
+            agree = "yes" if self.agree else "NO"
+            lines = [f"output tokens agree exactly across policies: {agree}"]
+        else:
+            rate = (
+                f"{equal / compared:.1%} of tokens, {same}/{n} requests identical" if n else "n/a"
             )
+            lines = [
+                f"outputs are not expected to match across policies ({self.why}); "
+                f"token agreement with {reference}: {rate}"
+            ]
+        reconciled = "yes" if self.reconciled else "NO"
+        lines.append(f"request and token counts reconcile in every run: {reconciled}")
+        return lines + (self.problems if self.exact else [])
+
+    def report(self) -> dict[str, Any]:
+        equal, compared, same, n = self.agreement
+        return {
+            "outputs_agree": self.agree,
+            "batching_exact": self.exact,
+            "token_agreement": {
+                "tokens": equal / compared if compared else None,
+                "requests_identical": same,
+                "requests_compared": n,
+            },
+            "reconciled": self.reconciled,
+        }
+
+
+def run_comparison(c: Comparison) -> tuple[dict[str, Any], list[str]]:
+    """Every policy on the same trace per seed; returns the report and its check lines."""
+    summaries: dict[str, list[dict[str, Any]]] = {n: [] for n in c.names}
+    checks = Checks()
+    for seed in c.seed_list:
+        records: dict[str, list[dict[str, Any]]] = {}
+        for name in c.names:
+            log.info("seed %d: %s", seed, name)
+            out = c.out / f"seed{seed}" / name.replace(":", "_")
+            result = run_workload(
+                c.spec, c.path, c.make_backend(), name, out,
+                profile=c.profile, seed=seed, options=c.options,
+            )  # fmt: skip
             if result.outcome.interrupted:
                 raise UserError(
-                    f"interrupted during seed {seed}, {name}; finished runs are in {out}"
+                    f"interrupted during seed {seed}, {name}; finished runs are in {c.out}"
                 )
             summaries[name].append(result.summary)
             records[name] = [r.record() for r in result.requests]
-            all_reconciled &= bool(result.summary["accounting"]["reconciled"])
-            exact, reason = batching_exact(result.summary)
-            if not exact:
-                all_exact, why = False, reason
-        agree, found = outputs_agree(records)
-        all_agree &= agree
-        agreement = [a + b for a, b in zip(agreement, token_agreement(records), strict=True)]
-        problems += [f"seed {seed}: {p}" for p in found[:5]]
-    equal, compared, same, n = agreement
-    rate = f"{equal / compared:.1%} of tokens, {same}/{n} requests identical" if n else "n/a"
-    if all_exact:
-        checks = ["output tokens agree exactly across policies: " + ("yes" if all_agree else "NO")]
-    else:
-        checks = [
-            f"outputs are not expected to match across policies ({why}); "
-            f"token agreement with {names[0]}: {rate}"
-        ]
-    checks += [
-        "request and token counts reconcile in every run: " + ("yes" if all_reconciled else "NO"),
-        *(problems if all_exact else []),
-    ]
-    report = build_report(summaries, baselines)
+            checks.add_run(result.summary)
+        checks.add_seed(seed, records)
+    report = build_report(summaries, c.baselines)
     report.update(
-        workload=spec.name,
-        seeds=list(range(spec.seed, spec.seed + seeds)),
-        policies=names,
-        simulated=simulated,
-        outputs_agree=all_agree,
-        batching_exact=all_exact,
-        token_agreement={
-            "tokens": equal / compared if compared else None,
-            "requests_identical": same,
-            "requests_compared": n,
-        },
-        reconciled=all_reconciled,
-        calibration=profile.describe() if profile is not None else None,
+        workload=c.spec.name,
+        seeds=c.seed_list,
+        policies=c.names,
+        simulated=c.simulated,
+        **checks.report(),
+        calibration=c.profile.describe() if c.profile is not None else None,
     )
-    return report, checks
+    return report, checks.lines(c.names[0])
 
 
 def with_burst_rate(spec: Workload, rate: float) -> Workload:
@@ -125,41 +158,18 @@ def with_burst_rate(spec: Workload, rate: float) -> Workload:
     return Workload.model_validate(data)
 
 
-def run_sweep(
-    spec: Workload,
-    path: Path,
-    rates: list[float],
-    names: list[str],
-    baselines: list[str],
-    seeds: int,
-    make_backend: Callable[[], Backend | SchedulingBackend],
-    profile: DeviceProfile | None,
-    out: Path,
-    *,
-    options: RunOptions | None = None,
-    simulated: bool = False,
-) -> dict[str, Any]:
+def run_sweep(c: Comparison, rates: list[float]) -> dict[str, Any]:
     """`run_comparison` at every burst rate, then per baseline, policy and metric the
     geometric mean over rates of the per-rate (seed-averaged) ratio: P-PAS eq. 1-2."""
     per_rate: dict[str, Any] = {}
     for rate in rates:
-        report, checks = run_comparison(
-            with_burst_rate(spec, rate),
-            path,
-            names,
-            baselines,
-            seeds,
-            make_backend,
-            profile,
-            out / f"burst{rate:g}",
-            options=options,
-            simulated=simulated,
-        )
+        at_rate = replace(c, spec=with_burst_rate(c.spec, rate), out=c.out / f"burst{rate:g}")
+        report, checks = run_comparison(at_rate)
         report["checks"] = checks
         per_rate[f"{rate:g}"] = report
     overall: dict[str, dict[str, dict[str, float | None]]] = {}
-    for base in baselines:
-        for p in names:
+    for base in c.baselines:
+        for p in c.names:
             if p == base:
                 continue
             for _, _, label, _ in METRICS:
@@ -171,14 +181,14 @@ def run_sweep(
                 value = float(stats.gmean(ratios)) if ratios else None
                 overall.setdefault(base, {}).setdefault(p, {})[label] = value
     return {
-        "workload": spec.name,
+        "workload": c.spec.name,
         "burst_rates": rates,
-        "policies": names,
-        "seeds": seeds,
-        "simulated": simulated,
+        "policies": c.names,
+        "seeds": c.seeds,
+        "simulated": c.simulated,
         "per_rate": per_rate,
         "geomean_ratio_over_rates": overall,
         "outputs_agree": all(r["outputs_agree"] for r in per_rate.values()),
         "reconciled": all(r["reconciled"] for r in per_rate.values()),
-        "calibration": profile.describe() if profile is not None else None,
+        "calibration": c.profile.describe() if c.profile is not None else None,
     }

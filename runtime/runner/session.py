@@ -86,27 +86,12 @@ def run_workload(
         config = None if simulated else o.telemetry
         sampler = None
         if config is not None:
-            sampler = stack.enter_context(
-                TelemetrySampler(
-                    default_sensors(config),
-                    engine.clock.now,
-                    out / "telemetry.jsonl",
-                    config.period_s,
-                )
-            )
+            sampler = stack.enter_context(_sampler(config, engine, out))
             if o.thermal is not None:
                 engine.guard = ThermalGuard(sampler.latest, o.thermal)  # type: ignore[misc]
         show = stack.enter_context(LiveProgress(requests, enabled=o.progress))
         outcome = run_requests(engine, requests, writer, show)
-        if sampler is not None and config is not None:
-            sampler.stop()
-            telemetry = summarize(sampler, config, writer.spans, writer.records)
-        else:
-            why = "simulated backend (virtual clock)" if simulated else "--no-telemetry"
-            telemetry = {
-                "telemetry": {"unavailable": why},
-                "energy": energy_summary([], [], [], reasons={"cpu": why, "gpu": why}),
-            }
+        telemetry = _telemetry(sampler, config, writer, simulated)
         meta = {
             "backend": describe,
             "simulated": simulated,
@@ -123,6 +108,29 @@ def run_workload(
         summary.update(telemetry)
         writer.write_summary(summary)
     return RunResult(summary, outcome, requests, out)
+
+
+def _sampler(config: TelemetryConfig, engine: Driver, out: Path) -> TelemetrySampler:
+    return TelemetrySampler(
+        default_sensors(config), engine.clock.now, out / "telemetry.jsonl", config.period_s
+    )
+
+
+def _telemetry(
+    sampler: TelemetrySampler | None,
+    config: TelemetryConfig | None,
+    writer: RunWriter,
+    simulated: bool,
+) -> dict[str, Any]:
+    """The run's telemetry and energy for summary.json, or why there are none."""
+    if sampler is not None and config is not None:
+        sampler.stop()
+        return summarize(sampler, config, writer.spans, writer.records)
+    why = "simulated backend (virtual clock)" if simulated else "--no-telemetry"
+    return {
+        "telemetry": {"unavailable": why},
+        "energy": energy_summary([], [], [], reasons={"cpu": why, "gpu": why}),
+    }
 
 
 def _driver(

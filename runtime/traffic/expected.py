@@ -37,9 +37,10 @@ def _shape(stream: Stream, prompt: float | None = None) -> RequestShape:
     a, p = stream.arrivals, stream.prompt
     output = _mean(stream.output_tokens)
     if isinstance(p, DocumentsPrompt):
-        tokens = sum(f.stat().st_size for f in p.files) / BYTES_PER_TOKEN
-        pieces = max(1, math.ceil(tokens / p.chunk_tokens))
-        return RequestShape(pieces, tokens / pieces, output)
+        per_file = [f.stat().st_size / BYTES_PER_TOKEN for f in p.files]
+        # Each file is split on its own: a file's last piece is short.
+        pieces = max(1, sum(math.ceil(t / p.chunk_tokens) for t in per_file))
+        return RequestShape(pieces, sum(per_file) / pieces, output)
     prompt = _mean(p.tokens) if prompt is None else prompt  # type: ignore[union-attr]
     if isinstance(a, TraceArrivals) and a.rows:  # a row's own lengths replace the ranges
         rows = a.rows

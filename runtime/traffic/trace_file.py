@@ -14,15 +14,20 @@ from pathlib import Path
 FIELDS = ("timestamp_s", "prompt_tokens", "output_tokens")
 
 
+def read_text(path: Path, what: str) -> str:
+    """A text file's contents, or a ValueError that says which file and why not."""
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        raise ValueError(f"{what} file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read {what} file {path}: {e}") from None
+
+
 def read_trace(path: Path) -> list[dict[str, float]]:
     """Rows with `timestamp_s` relative to the first one, in file order (which must be
     ascending). Raises ValueError naming the file, the row and what is wrong."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ValueError(f"trace file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read trace file {path}: {e}") from None
+    text = read_text(path, "trace")
     if path.suffix == ".jsonl":
         raw = []
         for i, line in enumerate(text.splitlines(), 1):

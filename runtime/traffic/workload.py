@@ -306,12 +306,12 @@ class Workload(_Strict):
 
 
 def load_workload(path: Path) -> Workload:
+    from edgeprefill.runtime.traffic.trace_file import read_text
+
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise UserError(f"workload file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read workload file {path}: {e}") from None
+        text = read_text(path, "workload")
+    except ValueError as e:
+        raise UserError(str(e)) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:

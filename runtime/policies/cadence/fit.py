@@ -29,7 +29,7 @@ class Rows:
         self.x = np.zeros((cap, N_FEATURES))
         self.y = np.zeros(cap)
         self.host = np.zeros(cap)  # host time, NaN where a timing had none
-        self.mixed = np.zeros(cap, dtype=bool)  # chats decoded beside prompt work
+        self.mixed = np.zeros(cap, dtype=bool)  # foreground decodes beside prompt work
         self.n = 0
         self._next = 0
 

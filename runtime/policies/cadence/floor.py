@@ -1,4 +1,4 @@
-"""A waiting chat's first-token floor: FlowPrefill's slack idea on a CPU."""
+"""A waiting foreground prompt's first-token floor: FlowPrefill's slack idea on a CPU."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from edgeprefill.runtime.core.plan import SchedState
 
 
 def first_token_floor(model: CostModel, state: SchedState, target_s: float) -> int | None:
-    """The smallest chunk for the waiting chat's prompt such that its remaining
+    """The smallest chunk for the waiting foreground prompt such that its remaining
     iterations, each the decodes' cost plus the chunk's, fit in the time left to its TTFT
     target; all of it at once when only one iteration fits. A target that cannot be met any
     more gets no floor, only the budget: S-EDF drops a request whose deadline is lost rather
-    than stall every other chat's tokens for it (a 7k-token question about an unread
+    than stall every other foreground request's tokens for it (a 7k-token question about an unread
     document, computed at once, stopped the other chats for 8 s)."""
     left = state.foreground_prompt_left
     slack = target_s - state.foreground_waited_s

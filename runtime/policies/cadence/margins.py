@@ -2,11 +2,12 @@
 jitter, its own misfit, and the host's time between device calls (a foreground token waits
 for it too: the target is a gap between tokens a user sees, not a device time).
 
-Errors are those of the model in use, on the recent iterations that held chats' decodes
+Errors are those of the model in use, on the recent iterations that held foreground decodes
 beside prompt work, so a model corrected early in a run does not keep paying for its first
-guesses. A chat's own prompt chunk gets the margin of the iterations that held only chats'
+guesses. A foreground prompt's chunk gets the margin of the iterations that held only foreground
 prompt work: a chat's shallow chunk is often predicted better than a deep document chunk
-(not in every run), and a waiting chat should not pay for the documents' unpredictability.
+(not in every run), and a waiting chat should not pay for the background's
+unpredictability.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from edgeprefill.runtime.core.costmodel import CostModel
 from edgeprefill.runtime.core.plan import IterationTiming
 from edgeprefill.runtime.policies.cadence.fit import MIN_RECENT, Rows
 
-# Iterations of each kind kept apart from the fit's window (chats' prompt iterations are
-# rare, a few per chat) and host times the median is taken over.
+# Iterations of each kind kept apart from the fit's window (foreground prompt iterations
+# are rare, a few per chat) and host times the median is taken over.
 KEPT = 64
 
 
@@ -29,32 +30,32 @@ class TailMargins:
     def __init__(self, tail_pct: float, cap_s: float) -> None:
         self.tail_pct = tail_pct
         # The margin never exceeds this. Errors are measured only on iterations that mix
-        # chats and prompt work; a margin that left no room for prompt work would stop
+        # foreground decodes and prompt work; a margin that left no room for prompt work would stop
         # those iterations, so one outlier (a stall of the shared machine) would stay the
-        # tail of a shrinking sample and starve the documents (seen: the margin crept from
-        # 118 to 140 ms of a 100 ms target while only chats decoded).
+        # tail of a shrinking sample and starve the background (seen: the margin crept from
+        # 118 to 140 ms of a 100 ms target while only the foreground decoded).
         self.cap_s = cap_s
-        self.margin_s = 0.0  # for iterations with chats' decodes beside prompt work
-        self.chat_margin_s: float | None = None  # for a chat's own prompt chunk
-        self._chats = Rows(KEPT)
+        self.margin_s = 0.0  # for foreground decodes beside prompt work
+        self.prompt_margin_s: float | None = None  # for a foreground prompt's chunk
+        self._prompts = Rows(KEPT)
         self._host: deque[float] = deque(maxlen=KEPT)
         self.host_s = 0.0  # the host's share of a token gap: median of recent iterations
 
     def add(self, timing: IterationTiming) -> None:
-        """A completed iteration: its host time, and its errors if it held a chat's prompt."""
+        """A completed iteration: its host time, and its errors if it held only foreground prompt work."""
         if timing.n_decode_foreground and timing.host_s is not None:
             self._host.append(timing.host_s)
             self.host_s = statistics.median(self._host)
         if timing.n_decode_foreground and 0 < timing.n_prefill == timing.n_prefill_foreground:
-            self._chats.append(timing)
+            self._prompts.append(timing)
 
     def update(self, model: CostModel, recent: Rows) -> None:
         """Re-measure both margins against `model` (just refitted to `recent`)."""
         mixed = recent.mixed[: len(recent)]
         if mixed.sum() >= MIN_RECENT:
             self.margin_s = self._tail_error(model, *recent.rows(mixed))
-        if len(self._chats) >= MIN_RECENT:
-            self.chat_margin_s = self._tail_error(model, *self._chats.rows())
+        if len(self._prompts) >= MIN_RECENT:
+            self.prompt_margin_s = self._tail_error(model, *self._prompts.rows())
 
     def _tail_error(
         self, model: CostModel, x: np.ndarray, y: np.ndarray, host: np.ndarray

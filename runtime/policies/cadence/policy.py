@@ -4,8 +4,8 @@ Each iteration it predicts, with a cost model of iteration time against composit
 over the weights, sampled rows, prompt tokens, attention work; `fit`), the largest prompt
 chunk that keeps the iteration, and so every foreground token, under `itl_ms`, less the
 margins for what the model cannot know (`margins`). While no foreground decode is active
-the background gets the whole batch. Documents ride beside chats only up to `share` of the
-device's time (`share`), and a waiting chat's prompt gets the chunks that meet its
+the background gets the whole batch. Background work rides beside foreground decodes only up to `share` of the
+device's time (`share`), and a waiting foreground prompt gets the chunks that meet its
 first-token target (`floor`).
 
 Unlike DLFP it does not wait for a slow iteration to react: a chunk deep in a long document
@@ -40,7 +40,7 @@ from edgeprefill.runtime.policies.registry import POLICIES
 MAX_STARVED = 8
 # The margins never take more than this share of the target (see `TailMargins.cap_s`).
 MAX_MARGIN_SHARE = 0.5
-# Documents' share of the device's time while chats decode (see `share`).
+# The background's share of the device's time while the foreground decodes (see `share`).
 DEFAULT_SHARE = 0.5
 
 
@@ -54,13 +54,15 @@ class CadencePolicy(BudgetPolicy):
     }
     itl_ms: float | None = None  # None: the device profile's interactive target
     window: int = 256
-    min_tokens: int | None = None  # floor while chatting, so documents still progress
+    min_tokens: int | None = None  # floor beside foreground decodes, so background work progresses
     tail_pct: float = 99.0  # share of foreground token gaps (%) to keep under itl_ms
-    # A chat's first-token target: its prompt gets the chunks that meet it, whatever the
-    # ongoing chats' ITL costs for those iterations (None: each request's own target, 1 s
+    # A foreground prompt's first-token target: it gets the chunks that meet it, whatever
+    # the foreground decodes' ITL costs for those iterations (None: each request's own target, 1 s
     # for a chat unless its workload or caller says otherwise).
     ttft_ms: float | None = None
-    share: float = DEFAULT_SHARE  # most of the device's time documents take beside chats
+    share: float = (
+        DEFAULT_SHARE  # most of the device's time background work takes beside foreground decodes
+    )
     _fit: OnlineFit | None = field(default=None, init=False, repr=False)
     _margins: TailMargins | None = field(default=None, init=False, repr=False)
     _credit: ShareCredit | None = field(default=None, init=False, repr=False)
@@ -112,10 +114,10 @@ class CadencePolicy(BudgetPolicy):
         return Decision(budget, floor, defer, reason=reason)
 
     def _defers(self, state: SchedState, target: float, credit: ShareCredit) -> bool:
-        """Leave documents' decodes out while a chat's prompt computes (as every capping
-        policy does), and while a chat decodes when their share is spent or when with them
-        (and the smallest prompt chunk) the iteration is predicted over the target: on a
-        small model every sampled row costs as much as a chat's own token."""
+        """Leave background decodes out while a foreground prompt computes (as every capping
+        policy does), and beside foreground decodes when their share is spent or when with
+        them (and the smallest prompt chunk) the iteration is predicted over the target: on
+        a small model every sampled row costs as much as a foreground token."""
         if self.prompt_defers(state):
             return True
         if not (state.may_defer and state.n_decode_background and state.n_decode_foreground):
@@ -133,18 +135,18 @@ class CadencePolicy(BudgetPolicy):
     ) -> tuple[int | None, str]:
         if state.n_decode_foreground == 0:
             self._last_budget = None
-            return None, "no chat decoding: prompt work fills the batch"
+            return None, "no foreground decode: prompt work fills the batch"
         if not state.foreground_prompt_left and credit.spent(state.n_decode_foreground):
             self._last_budget = 0
-            return 0, "documents' share of the chats' time is spent"
-        if state.foreground_prompt_left and margins.chat_margin_s is not None:
-            target = self._itl_s - margins.chat_margin_s - margins.host_s
+            return 0, "the background's share of the foreground's time is spent"
+        if state.foreground_prompt_left and margins.prompt_margin_s is not None:
+            target = self._itl_s - margins.prompt_margin_s - margins.host_s
         model = self._model
         c = model.max_prefill(target, state.n_decode, state.decode_ctx, state.next_prefill_pos)
         if 0 < state.next_prefill_left <= c:
             c = self._past_prompt_end(model, target, state)
         # Predicted over the target even with no prompt work: give it none, but never for
-        # more than a few iterations in a row, so documents still progress.
+        # more than a few iterations in a row, so background work progresses.
         self._at_risk = self._at_risk + 1 if c == 0 else 0
         if 0 < self._at_risk <= MAX_STARVED:
             self._last_budget = 0
@@ -157,7 +159,7 @@ class CadencePolicy(BudgetPolicy):
         """The chunk fits the rest of the prompt, which costs more than its tokens: its last
         token is sampled, and tokens past it open another chunk, another pass over the
         weights. Without this the iterations that end a prompt form the foreground's tail.
-        Nothing is added after a chat's prompt: its first token would wait for it (seen: a
+        Nothing is added after a foreground prompt: its first token would wait for it (seen: a
         chat's last prompt token beside 41 document tokens, 98 ms instead of ~35)."""
         left, pos = state.next_prefill_left, state.next_prefill_pos
         ctx = state.decode_ctx + left * pos + left * (left + 1) // 2
@@ -165,7 +167,7 @@ class CadencePolicy(BudgetPolicy):
         if t > target:
             return left - 1  # the scheduler keeps the remainder a valid chunk
         if state.foreground_prompt_left:
-            return left  # a chat's first token waits for all of it: nothing rides along
+            return left  # its first token waits for all of it: nothing rides along
         more = model.max_prefill(target - t, 0, 0, 0)  # a new prompt: its pass, at position 0
         return left + (more if more >= (self.min_tokens or 1) else 0)
 
@@ -192,11 +194,11 @@ class CadencePolicy(BudgetPolicy):
     def snapshot(self) -> dict[str, Any]:
         m = None if self._fit is None else self._fit.model
         margins, credit = self._margins, self._credit
-        chat_margin = None if margins is None else margins.chat_margin_s
+        prompt_margin = None if margins is None else margins.prompt_margin_s
         return {
             "budget": self._last_budget,
             "margin_ms": 0.0 if margins is None else margins.margin_s * 1e3,
-            "chat_margin_ms": None if chat_margin is None else chat_margin * 1e3,
+            "prompt_margin_ms": None if prompt_margin is None else prompt_margin * 1e3,
             "host_ms": 0.0 if margins is None else margins.host_s * 1e3,
             "credit_ms": 0.0 if credit is None else credit.credit_s * 1e3,
             "model_ms": None

@@ -1,0 +1,116 @@
+"""Cadence's parts, each alone: the online fit, the tail margins, the share credit and the
+first-token floor."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgeprefill.runtime.core.costmodel import CostModel
+from edgeprefill.runtime.core.plan import IterationTiming, SchedState
+from edgeprefill.runtime.policies.cadence.fit import OnlineFit, Rows
+from edgeprefill.runtime.policies.cadence.floor import first_token_floor
+from edgeprefill.runtime.policies.cadence.margins import TailMargins
+from edgeprefill.runtime.policies.cadence.share import ShareCredit
+
+COST = CostModel(0.020, 0.007, 0.0028, 0.0001)
+
+
+def iteration(rng: np.random.Generator, host_s: float | None = 0.001) -> IterationTiming:
+    n_decode, n_prefill = int(rng.integers(1, 5)), int(rng.choice([0, 16, 64, 256]))
+    ctx = n_prefill * int(rng.integers(0, 8000)) + n_decode * int(rng.integers(200, 900))
+    sampled = n_decode + int(n_prefill > 0 and rng.random() < 0.2)
+    chunks = int(n_prefill > 0)
+    t = COST.predict(n_decode, n_prefill, chunks, ctx, sampled) * (1 + 0.1 * rng.random())
+    return IterationTiming(t, n_decode, n_prefill, n_decode, None, chunks, ctx, sampled, host_s)
+
+
+def test_the_online_fit_is_the_batch_fit_of_the_anchor_and_the_window():
+    rng = np.random.default_rng(0)
+    anchor = [iteration(rng) for _ in range(20)]
+    fit = OnlineFit(CostModel(0.01, 0.01, 0.01, 0.01), anchor, window=64)
+    seen = [iteration(rng) for _ in range(500)]
+    for i, t in enumerate(seen):
+        fit.add(t)
+        if i in (7, 63, 64, 499):  # before, at and long after the window fills
+            batch = CostModel.fit(anchor + seen[max(0, i - 63) : i + 1])
+            assert fit.model.coef == pytest.approx(batch.coef, rel=1e-9)
+            assert fit.model.rmse_s == pytest.approx(batch.rmse_s, rel=1e-6)
+            assert fit.model.n_samples == batch.n_samples
+
+
+def test_the_online_fit_waits_for_eight_iterations_and_survives_a_degenerate_window():
+    start = CostModel(0.01, 0.01, 0.01, 0.01)
+    fit = OnlineFit(start, [], window=16)
+    same = IterationTiming(0.05, 1, 0, 1, n_sampled=1)  # one shape only: rank 2 of 4
+    for _ in range(7):
+        fit.add(same)
+    assert fit.model is start
+    fit.add(same)
+    assert fit.model.predict(1, 0, 0, 0) == pytest.approx(0.05)
+
+
+def test_rows_keep_the_last_cap_iterations_and_hand_back_the_one_pushed_out():
+    rows = Rows(2)
+    a, b, c = (IterationTiming(d, 1, 0) for d in (0.1, 0.2, 0.3))
+    assert rows.append(a) is None and rows.append(b) is None
+    out = rows.append(c)
+    assert out is not None and out[1] == 0.1
+    assert sorted(rows.rows()[1]) == [0.2, 0.3]
+
+
+def mixed(duration: float, host_s: float | None = None) -> IterationTiming:
+    return IterationTiming(duration, 1, 20, 1, None, 1, 600, 1, host_s)
+
+
+def test_the_margin_is_the_tail_error_but_one_stall_is_never_the_tail():
+    margins, rows = TailMargins(99.0, cap_s=0.050), Rows(256)
+    exact = COST.predict(1, 20, 1, 600)
+    for duration in [exact] * 7 + [exact + 0.5]:
+        margins.add(mixed(duration))
+        rows.append(mixed(duration))
+    margins.update(COST, rows)
+    assert margins.margin_s == pytest.approx(0.0)
+    margins.add(mixed(exact + 0.5))
+    rows.append(mixed(exact + 0.5))
+    margins.update(COST, rows)
+    assert margins.margin_s == pytest.approx(0.050)  # two stalls: the tail, capped
+
+
+def test_the_host_median_is_taken_off_and_deviations_from_it_enter_the_margin():
+    margins, rows = TailMargins(90.0, cap_s=1.0), Rows(256)
+    exact = COST.predict(1, 20, 1, 600)
+    for i in range(20):
+        t = mixed(exact, host_s=0.002 if i % 7 else 0.012)  # 3 of 20 hosts 10 ms slow
+        margins.add(t)
+        rows.append(t)
+    margins.update(COST, rows)
+    assert margins.host_s == pytest.approx(0.002)
+    assert margins.margin_s == pytest.approx(0.010)  # 15% of samples: more than the 10% tail
+
+
+def test_the_background_spends_at_most_its_share_of_foreground_iterations():
+    credit = ShareCredit(0.25, itl_s=0.1)
+    alone = COST.predict(1, 0, 0, 0)
+    assert credit.spent(1)  # a spell of foreground decodes starts with nothing to spend
+    for _ in range(4):  # foreground alone: earns a quarter of each, up to one share
+        credit.add(IterationTiming(alone, 1, 0, 1), COST)
+    assert credit.credit_s == pytest.approx(0.025) and not credit.spent(1)
+    credit.add(IterationTiming(alone + 0.06, 1, 64, 1, n_chunks=1), COST)  # 60 ms of prompt
+    assert credit.spent(1)
+    credit.add(IterationTiming(0.2, 1, 64, 1, n_chunks=1, n_prefill_foreground=64), COST)
+    assert credit.spent(1)  # a foreground prompt neither earns nor spends
+    credit.add(IterationTiming(0.2, 0, 512, 0, n_chunks=1), COST)
+    assert credit.credit_s == 0.0 and not credit.spent(0)  # no foreground: no limit
+    assert not ShareCredit(1.0, itl_s=0.1).spent(1)
+
+
+def test_the_first_token_floor_spreads_a_prompt_over_its_slack_and_gives_up_when_lost():
+    cost = CostModel(0.010, 0.030, 0.003, 0.0)
+    chat = SchedState(1, 0, 1, 1, 2048, decode_ctx=500, foreground_prompt_left=200)
+    base = cost.predict(1, 0, 1, 500)
+    # 1 s of slack: 200 tokens cost 0.6 s, the rest holds floor(0.4 / base) iterations.
+    spread = first_token_floor(cost, chat, 1.0)
+    assert spread == -(-200 // int(0.4 / base))
+    assert first_token_floor(cost, chat, 0.6 + 1.5 * base) == 200  # one iteration left
+    assert first_token_floor(cost, chat, 0.6) is None  # lost: no floor
