@@ -74,7 +74,7 @@ def headline(out: Path, stem: str) -> list[str]:
     lines = []
     for ours, theirs, labels in HEADLINE:
         parts = []
-        for label, cls, key, lower, _ in (c for c in COLUMNS if c[0] in labels):
+        for label, cls, key, _, _ in (c for c in COLUMNS if c[0] in labels):
             a = [metric(runs[s][ours], cls, key) if runs[s][ours] else None for s in seeds]
             b = [metric(runs[s][theirs], cls, key) if runs[s][theirs] else None for s in seeds]
             p = paired(a, b)

@@ -8,7 +8,6 @@ from typing import Any
 
 import psutil
 
-
 # Vector extensions that change which kernels llama.cpp runs (and how fast): results from
 # an AVX2-only CPU and an AVX-512 one do not compare.
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile")
