@@ -67,3 +67,12 @@ def test_the_thermal_guard_caps_the_background_part_of_every_decision():
     assert (decision.budget, decision.background_cap, guard.updates) == (256, 64, 1)
     assert planner.snapshot() == {"thermal": {"active": True}}
     assert "background_cap=64" in str(decision) and "256-token" in str(decision)
+
+
+def test_background_decodes_wait_only_for_the_foregrounds_sake():
+    """With no foreground decode or prompt in the iteration, deferring the background's
+    decodes would leave it empty: the planner refuses, whatever the policy asks."""
+    planner = Planner(AlwaysDefer())
+    assert not planner.decide([DOC], 512, 0.0).defer_background_decodes
+    waiting_chat = Candidate("foreground", 0, 200, 0.0, admitted=False)
+    assert planner.decide([DOC, waiting_chat], 512, 0.0).defer_background_decodes

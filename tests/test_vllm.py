@@ -111,12 +111,17 @@ def requests(tok, n_docs: int = 3, n_chats: int = 3) -> list[Request]:
     return chats + docs
 
 
-@pytest.mark.parametrize("spec", ["ppas:nth=1,bmax=1024,bcap=24", "cadence:itl_ms=5"])
+@pytest.mark.parametrize("spec", ["ppas:nth=1,bmax=1024,bcap=24", "cadence"])
 def test_prompt_tokens_stay_under_the_cap_and_every_decode_runs_every_step(
     vllm_backend, vllm_profile, spec
 ):
+    if spec == "cadence":  # its cost model comes from the vLLM startup probe
+        # A target this device meets with three chats decoding beside a 64-token chunk
+        # of a document (measured here, not a number from one CPU).
+        itl_s = vllm_profile.cost.predict(3, 64, 1, 3 * 60 + 64 * 300)
+        spec = f"cadence:itl_ms={itl_s * 1e3:.2f}"
     policy = parse_policy(spec)
-    if spec.startswith("cadence"):  # its cost model comes from the vLLM startup probe
+    if spec.startswith("cadence"):
         policy.calibrate(vllm_profile)
     engine = vllm_backend.engine(policy)
     steps = drain(engine, requests(vllm_backend.tokenizer))
@@ -443,7 +448,7 @@ def test_both_engines_plan_the_same_scripted_states_identically(vllm_backend, vl
         policy.check_ready()
         planners.append(Planner(policy))
     core, vllm = planners
-    n_batch, t0, now = 1024, 1_000_000.0, 1.25
+    n_batch, t0, now = 1024, 0.0, 1.25  # vLLM's wall-clock arrival times, from 0 here
     for script_state in SCRIPT:
         ours = core_candidates(script_state, n_batch)
         theirs = vllm_candidates(vllm_backend.scheduler, script_state, t0)

@@ -4,7 +4,7 @@ Load by dotted name (`scheduler_cls`), because the engine core may run in anothe
 `EdgeprefillScheduler` (synchronous scheduling, as on the CPU) or
 `EdgeprefillAsyncScheduler` (async scheduling, the GPU default; a plain `Scheduler` there
 loses the overlap). Used alone, e.g. `vllm serve --scheduler-cls ...`, the policy comes
-from `--additional-config '{"edgeprefill": {"policy": "ppas:cap=256,min_prefills=2"}}'`;
+from `--additional-config '{"edgeprefill": {"policy": "ppas:bcap=256,nth=2"}}'`;
 `engine.VllmEngine` installs its own policy object instead.
 
 The cap is aggregate: `Scheduler._reserve_prefill_lookahead` is called for every running

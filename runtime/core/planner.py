@@ -37,9 +37,7 @@ class Planner:
         """Called once before each iteration is planned."""
         state = self.state(candidates, n_batch, now_s)
         decision = self.policy.decide(state)
-        if decision.defer_background_decodes and not (
-            state.may_defer and state.n_decode_background
-        ):
+        if decision.defer_background_decodes and not self._may_defer(state):
             decision = replace(decision, defer_background_decodes=False)
         self._deferred_run = self._deferred_run + 1 if decision.defer_background_decodes else 0
         if self.guard is not None:
@@ -47,6 +45,14 @@ class Planner:
             cap = self.guard.background_cap(decision.budget, n_batch)
             decision = replace(decision, background_cap=cap)
         return decision
+
+    @staticmethod
+    def _may_defer(state: SchedState) -> bool:
+        """Background decodes wait only for the foreground's sake (a foreground decode or
+        prompt in the same iteration), so an iteration is never left empty, and never more
+        than MAX_DEFERRED iterations in a row."""
+        foreground = state.n_decode_foreground or state.foreground_prompt_left
+        return bool(state.may_defer and state.n_decode_background and foreground)
 
     def observe(self, timing: IterationTiming) -> None:
         """Called once per completed iteration, with the time of the finished work."""
