@@ -16,6 +16,7 @@ class LiveProgress:
 
     def __init__(self, requests: list[Request], enabled: bool = True) -> None:
         self._requests = requests
+        self._enabled = enabled
         self._progress = Progress(
             TextColumn("{task.description:<11}"),
             BarColumn(),
@@ -31,6 +32,8 @@ class LiveProgress:
         }
 
     def update(self, it: Iteration | None) -> None:
+        if not self._enabled:
+            return  # called after every iteration: nothing to draw, nothing to count
         for c, task in self._tasks.items():
             done = sum(r.done for r in self._requests if r.cls == c)
             info = ""
