@@ -93,29 +93,11 @@ def test_a_setting_vllm_rejects_is_named_with_what_it_accepts(tmp_path):
     assert "vLLM rejected the settings: dtype" in line and "'bogus'" in line and "float32" in line
 
 
-SMALL = """
-name: vllm_only
-seed: 1
-streams:
-  chat:
-    class: foreground
-    arrivals: {process: poisson, rate_per_s: 20, count: 3, start_s: 0.05}
-    prompt: {source: text, tokens: {min: 40, max: 80}}
-    output_tokens: {min: 6, max: 10}
-    ignore_eos: true
-  docs:
-    class: background
-    arrivals: {process: burst, count: 2, start_s: 0.0}
-    prompt: {source: text, tokens: {min: 300, max: 500}}
-    output_tokens: {min: 4, max: 6}
-    ignore_eos: true
-"""
-
-
 @pytest.mark.slow
 def test_the_vllm_backend_runs_without_llama_cpp_python(tmp_path):
     """A GPU user installs only the vLLM extra: `--backend vllm` must never import
     llama-cpp-python (here any import of it fails, as where it is not installed)."""
+    from tests.test_vllm import WORKLOAD as SMALL
     from tests.vllm_model import write_tiny_model
 
     model = write_tiny_model(tmp_path / "m")
@@ -132,6 +114,6 @@ def test_the_vllm_backend_runs_without_llama_cpp_python(tmp_path):
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert summary["completed"] == 5 and summary["accounting"]["reconciled"]
+    assert summary["completed"] == 9 and summary["accounting"]["reconciled"]
     check = "import llama_cpp"
     assert subprocess.run([sys.executable, "-c", check], env=env, capture_output=True).returncode
