@@ -3,13 +3,15 @@ first-token floor."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from edgeprefill.runtime.core.costmodel import CostModel
 from edgeprefill.runtime.core.plan import IterationTiming, SchedState
 from edgeprefill.runtime.policies.cadence.fit import OnlineFit, Rows
-from edgeprefill.runtime.policies.cadence.floor import first_token_floor
+from edgeprefill.runtime.policies.cadence.floor import PROGRESS_SLOWDOWN, first_token_floor
 from edgeprefill.runtime.policies.cadence.margins import TailMargins
 from edgeprefill.runtime.policies.cadence.share import ShareCredit
 
@@ -105,7 +107,7 @@ def test_the_background_spends_at_most_its_share_of_foreground_iterations():
     assert not ShareCredit(1.0, itl_s=0.1).spent(1)
 
 
-def test_the_first_token_floor_spreads_a_prompt_over_its_slack_and_gives_up_when_lost():
+def test_the_first_token_floor_spreads_a_prompt_over_its_slack_and_never_starves_it():
     cost = CostModel(0.010, 0.030, 0.003, 0.0)
     chat = SchedState(1, 0, 1, 1, 2048, decode_ctx=500, foreground_prompt_left=200)
     base = cost.predict(1, 0, 1, 500)
@@ -113,4 +115,13 @@ def test_the_first_token_floor_spreads_a_prompt_over_its_slack_and_gives_up_when
     spread = first_token_floor(cost, chat, 1.0)
     assert spread == -(-200 // int(0.4 / base))
     assert first_token_floor(cost, chat, 0.6 + 1.5 * base) == 200  # one iteration left
-    assert first_token_floor(cost, chat, 0.6) is None  # lost: no floor
+    # Lost, or no target: the guaranteed rate, each chunk half the rest of its iteration.
+    guaranteed = -(-200 // int((PROGRESS_SLOWDOWN - 1) * 0.6 / base))
+    assert first_token_floor(cost, chat, 0.6) == guaranteed
+    assert first_token_floor(cost, chat, None) == guaranteed
+    assert 0.003 * guaranteed >= base / (PROGRESS_SLOWDOWN - 1)
+    # A slack longer than the guaranteed rate needs does not slow the prompt below it.
+    assert first_token_floor(cost, chat, 100.0) == guaranteed
+    # Past halfway, the same rate on what is left: it never slows down.
+    half = replace(chat, foreground_prompt_left=100, foreground_prompt_pos=100)
+    assert first_token_floor(cost, half, None) == pytest.approx(guaranteed, abs=1)

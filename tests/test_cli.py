@@ -89,19 +89,17 @@ def test_run_writes_results_that_agree_with_each_other(tmp_path):
     iterations = read_jsonl(out / "iterations.jsonl")
 
     assert summary["completed"] == 5 and summary["failed"] == 0 and not summary["interrupted"]
-    # chats carry the foreground's default TTFT target, documents none; each chat's first
-    # token counted against it
-    att = summary["foreground"]["ttft_attainment"]
+    # chats carry the foreground's default TTFT target, 3x their prompt alone on this device,
+    # documents none; each chat's first token counted against it
+    att = summary["foreground"]["ttft_attainment"]["relative"]
+    chats = [r for r in requests if r["class"] == "foreground"]
     assert (
-        att["targets_s"] == [1.0]
+        att["slowdowns"] == [3.0]
         and att["requests"] == 3
         and summary["background"]["ttft_attainment"] is None
+        and all(0 < r["ttft_alone_s"] < 10 for r in chats)
     )
-    in_time = sum(
-        r["token_times_s"][0] - r["arrival_s"] <= 1.0
-        for r in read_jsonl(out / "requests.jsonl")
-        if r["class"] == "foreground"
-    )
+    in_time = sum(r["token_times_s"][0] - r["arrival_s"] <= 3 * r["ttft_alone_s"] for r in chats)
     assert att["met"] == in_time and f"{in_time:>10} / 3" in res.stdout
     assert summary["policy"] == {"name": "static", "params": {"tokens": 32}, "spec": "static:32"}
     assert summary["machine"]["cpu_model"] and summary["backend"]["name"] == "llamacpp"

@@ -61,5 +61,30 @@ def test_ttft_attainment_counts_first_tokens_in_time_and_misses_failures():
         rec(3.0, [3.1]),  # no target: not counted
     ]
     s = class_summary(records, 10.0)
-    assert s["ttft_attainment"] == {"targets_s": [1.0], "requests": 3, "met": 1, "rate": 1 / 3}
+    assert s["ttft_attainment"] == {
+        "relative": None,
+        "absolute": {
+            "targets_s": [1.0],
+            "requests": 3,
+            "met": 1,
+            "rate": 1 / 3,
+            "infeasible_alone": 0,
+        },
+    }
     assert class_summary([rec(0.0, [0.5])], 1.0)["ttft_attainment"] is None
+
+
+def test_ttft_attainment_against_the_device_relative_target_and_the_absolute_one_apart():
+    records = [
+        # 0.4 s alone, 3x: 1.2 s; first token at 1.0 s: met, 2.5x its time alone
+        rec(0.0, [1.0]) | {"ttft_slowdown": 3.0, "ttft_alone_s": 0.4, "ttft_target_s": 0.5},
+        # 1.5 s alone: no absolute 0.5 s could be met here; 3x: 4.5 s, met at 2.0 s
+        rec(1.0, [3.0]) | {"ttft_slowdown": 3.0, "ttft_alone_s": 1.5, "ttft_target_s": 0.5},
+        # 0.1 s alone, 3x: 0.3 s; first token after 0.9 s: missed, 9x (starved)
+        rec(2.0, [2.9]) | {"ttft_slowdown": 3.0, "ttft_alone_s": 0.1},
+    ]
+    att = class_summary(records, 10.0)["ttft_attainment"]
+    rel, ab = att["relative"], att["absolute"]
+    assert (rel["requests"], rel["met"], rel["slowdowns"]) == (3, 2, [3.0])
+    assert rel["max_over_alone"] == pytest.approx(9.0)
+    assert (ab["requests"], ab["met"], ab["infeasible_alone"]) == (2, 0, 1)

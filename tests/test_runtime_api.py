@@ -11,7 +11,7 @@ import pytest
 
 from edgeprefill.backends.llamacpp.probe import plain_tokens
 from edgeprefill.runtime import Runtime
-from edgeprefill.runtime.core.request import DEFAULT_TTFT_TARGET_S, Status
+from edgeprefill.runtime.core.request import DEFAULT_TTFT_SLOWDOWN, Status
 from edgeprefill.runtime.policies import DEFAULT_POLICY
 
 pytestmark = pytest.mark.slow
@@ -26,7 +26,9 @@ def test_streamed_pieces_concatenate_to_the_text_of_the_tokens(make_backend):
         handle = rt.chat(QUESTION, max_tokens=32, ignore_eos=True)
         pieces = list(handle)
         req = handle.result(timeout=60)
-    assert req.ttft_target_s == DEFAULT_TTFT_TARGET_S["foreground"]
+    # its first-token target is relative to this device: a multiple of its prompt alone
+    assert req.ttft_target_s is None and req.ttft_slowdown == DEFAULT_TTFT_SLOWDOWN["foreground"]
+    assert 0 < req.ttft_alone_s < 5 and req.ttft_deadline_s == req.ttft_slowdown * req.ttft_alone_s
     assert [p.token for p in pieces if p.token is not None] == req.output
     assert len(req.output) == 32 and req.status is Status.FINISHED
     assert "".join(p.text for p in pieces) == be.tokenizer.decode(req.output)

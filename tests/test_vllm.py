@@ -344,7 +344,7 @@ class ChunkByTarget(Recording):
 
     def decide(self, state):
         if state.foreground_prompt_left:
-            self.targets.append(state.foreground_ttft_target_s)
+            self.targets.append(state.foreground_ttft_deadline_s)
         return super().decide(state)
 
 

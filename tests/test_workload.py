@@ -123,19 +123,24 @@ def test_ttft_targets_default_by_class_and_can_be_set_or_removed(tmp_path):
     def targets(data) -> dict[str, set]:
         built = build_requests(load_workload(write(tmp_path, data)), SimTokenizer())
         return {
-            c: {r.ttft_target_s for r in built if r.cls == c} for c in ("foreground", "background")
+            c: {(r.ttft_target_s, r.ttft_slowdown) for r in built if r.cls == c}
+            for c in ("foreground", "background")
         }
 
-    assert targets(base()) == {"foreground": {1.0}, "background": {None}}
+    # relative to the device by default: 3x a chat's prompt alone, no absolute target
+    assert targets(base()) == {"foreground": {(None, 3.0)}, "background": {(None, None)}}
     data = base()
     data["streams"]["assistant"]["ttft_target_s"] = 0.5
     data["streams"]["indexer"]["ttft_target_s"] = 30
-    assert targets(data) == {"foreground": {0.5}, "background": {30}}
-    data["streams"]["assistant"]["ttft_target_s"] = None
-    assert targets(data)["foreground"] == {None}
-    data["streams"]["assistant"]["ttft_target_s"] = 0
-    with pytest.raises(UserError, match="ttft_target_s"):
-        load_workload(write(tmp_path, data))
+    assert targets(data) == {"foreground": {(0.5, 3.0)}, "background": {(30, None)}}
+    data["streams"]["assistant"]["ttft_slowdown"] = None
+    data["streams"]["indexer"]["ttft_slowdown"] = 5
+    assert targets(data) == {"foreground": {(0.5, None)}, "background": {(30, 5)}}
+    for key, bad in (("ttft_target_s", 0), ("ttft_slowdown", 1)):
+        data["streams"]["assistant"][key] = bad
+        with pytest.raises(UserError, match=key):
+            load_workload(write(tmp_path, data))
+        data["streams"]["assistant"][key] = None
 
 
 def test_arrivals_are_seeded_and_shaped():

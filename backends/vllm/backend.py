@@ -15,6 +15,7 @@ from edgeprefill.backends.vllm.probe import probe_timings
 from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.plan import IterationTiming
+from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.resource import Closeable
 
 SCHEDULERS = {
@@ -161,8 +162,16 @@ class VllmBackend(Closeable):
         self.prefix_cache = _VllmPrefixCaching(self.llm) if settings.prefix_caching else None
         self._closed = False
 
-    def engine(self, policy: BudgetPolicy, *, guard: Any = None, clock: Any = None) -> VllmEngine:
-        """A driver for one run, with `policy` installed in vLLM's scheduler."""
+    def engine(
+        self,
+        policy: BudgetPolicy,
+        *,
+        guard: Any = None,
+        clock: Any = None,
+        profile: DeviceProfile | None = None,
+    ) -> VllmEngine:
+        """A driver for one run, with `policy` installed in vLLM's scheduler (`profile`:
+        the device's, for first-token targets relative to it)."""
         return VllmEngine(
             self.llm,
             self.scheduler,
@@ -171,6 +180,7 @@ class VllmBackend(Closeable):
             self.settings.n_ctx,
             guard=guard,
             clock=clock,
+            profile=profile,
         )
 
     def probe_timings(self, seed: int = 0) -> list[IterationTiming]:

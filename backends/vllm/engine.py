@@ -16,7 +16,9 @@ from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.driver import RunClock
 from edgeprefill.runtime.core.iteration import Advance, Iteration
 from edgeprefill.runtime.core.plan import Plan
+from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.request import Request, Status
+from edgeprefill.runtime.core.targets import FirstTokenTargets
 
 
 class VllmEngine:
@@ -32,6 +34,7 @@ class VllmEngine:
         *,
         guard: Any = None,
         clock: RunClock | None = None,
+        profile: DeviceProfile | None = None,
     ) -> None:
         from vllm import SamplingParams
         from vllm.exceptions import VLLMValidationError
@@ -43,6 +46,7 @@ class VllmEngine:
         self._delta = RequestOutputKind.DELTA
         self.llm = llm
         self.scheduler = scheduler
+        self.targets = FirstTokenTargets(profile)
         self.policy = policy
         self.clock = clock or RunClock()
         self._stop_ids = stop_ids
@@ -106,8 +110,9 @@ class VllmEngine:
             req.fail(f"vLLM refused the request: {e}")
             return False
         req.status = Status.PREFILL
-        if req.ttft_target_s is not None:
-            self.scheduler.ep_ttft_targets[internal] = req.ttft_target_s
+        self.targets.estimate(req)
+        if req.ttft_deadline_s is not None:
+            self.scheduler.ep_ttft_targets[internal] = req.ttft_deadline_s
         self._live[req.id] = req
         self._internal[req.id] = internal
         self._external[internal] = req.id

@@ -28,7 +28,7 @@ from edgeprefill.runtime.core.contract import Backend
 from edgeprefill.runtime.core.engine import Engine
 from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.request import (
-    DEFAULT_TTFT_TARGET_S,
+    DEFAULT_TTFT_SLOWDOWN,
     Request,
     RequestClass,
     SamplingParams,
@@ -83,13 +83,16 @@ class Runtime:
         sampling: SamplingParams | None = None,
         ignore_eos: bool = False,
         request_id: str | None = None,
-        ttft_target_s: float | Literal["class"] | None = "class",
+        ttft_target_s: float | None = None,
+        ttft_slowdown: float | Literal["class"] | None = "class",
         share_prefix: int | None = None,
     ) -> RequestHandle:
-        """Queue prompt token ids; the returned handle streams the answer. `ttft_target_s`:
-        seconds from now to the first token wanted ("class": the class's default, 1 s for
-        foreground, none for background; None: no target). `share_prefix`: how many of the
-        prompt's first tokens to keep for later prompts that start with them."""
+        """Queue prompt token ids; the returned handle streams the answer. The first token
+        is wanted within `ttft_slowdown` times what the prompt takes alone on this device
+        ("class": the class's default, 3 for foreground, none for background; None: no
+        relative target), or within `ttft_target_s` seconds where given (absolute).
+        `share_prefix`: how many of the prompt's first tokens to keep for later prompts
+        that start with them."""
         if self._closed:
             raise RuntimeError("the runtime was shut down: create a new one to submit")
         with self._ids_lock:
@@ -102,7 +105,8 @@ class Runtime:
             max_tokens,
             sampling=sampling or SamplingParams(),
             ignore_eos=ignore_eos,
-            ttft_target_s=DEFAULT_TTFT_TARGET_S[cls] if ttft_target_s == "class" else ttft_target_s,
+            ttft_target_s=ttft_target_s,
+            ttft_slowdown=DEFAULT_TTFT_SLOWDOWN[cls] if ttft_slowdown == "class" else ttft_slowdown,
             share_prefix=share_prefix,
         )
         handle = RequestHandle(req, self.backend.tokenizer.piece, lambda: self._cancel(req))

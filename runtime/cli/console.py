@@ -68,16 +68,32 @@ def _class_lines(cls: str, c: dict[str, Any]) -> list[str]:
     for label, key in (("TTFT", "ttft"), ("ITL", "itl"), ("TPOT", "tpot"), ("E2E", "e2el")):
         for stat, name in (("mean", "Mean"), ("median", "Median"), ("p95", "P95"), ("p99", "P99")):
             lines.append(f"{name + ' ' + label + ' (ms):':<34}{_fmt(c[f'{stat}_{key}_ms']):>22}")
-    att = c.get("ttft_attainment")
-    if att is not None:
-        within = "/".join(f"{t:g}" for t in att["targets_s"])
-        label = f"TTFT within target ({within} s):"
-        lines.append(f"{label:<34}{att['met']:>10} / {att['requests']:<9}")
+    lines += _attainment_lines(c.get("ttft_attainment"))
     lines.append(f"{'Input / output tokens:':<34}{c['input_tokens']:>10} / {c['output_tokens']:<9}")
     if c.get("prefix_reused_tokens"):
         lines.append(f"{'Input tokens restored, not computed:':<34}{c['prefix_reused_tokens']:>10}")
     lines.append(f"{'Prefill throughput (tok/s):':<34}{_fmt(c['prefill_tok_s']):>22}")
     lines.append(f"{'Output throughput (tok/s):':<34}{_fmt(c['output_tok_s']):>22}")
+    return lines
+
+
+def _attainment_lines(att: dict[str, Any] | None) -> list[str]:
+    """First tokens in time: against the target relative to this device, then against an
+    absolute one where given."""
+    lines: list[str] = []
+    rel = (att or {}).get("relative")
+    if rel is not None:
+        within = "/".join(f"{t:g}x" for t in rel["slowdowns"])
+        lines.append(f"{f'TTFT within {within} alone:':<34}{rel['met']:>10} / {rel['requests']:<9}")
+        worst = rel["max_over_alone"]
+        lines.append(f"{'Worst TTFT / its prompt alone:':<34}{_fmt(worst):>22}")
+    ab = (att or {}).get("absolute")
+    if ab is not None:
+        within = "/".join(f"{t:g}" for t in ab["targets_s"])
+        label = f"TTFT within target ({within} s):"
+        lines.append(f"{label:<34}{ab['met']:>10} / {ab['requests']:<9}")
+        if ab["infeasible_alone"]:
+            lines.append(f"{'  not feasible even alone here:':<34}{ab['infeasible_alone']:>10}")
     return lines
 
 

@@ -79,6 +79,19 @@ class CostModel:
             return int(room / b) if b > 0 else 1 << 30
         return int((-b + math.sqrt(b * b + 4 * a * room)) / (2 * a))
 
+    def prompt_alone_s(self, n_tokens: int, n_batch: int, start_pos: int = 0) -> float:
+        """A prompt's time computed alone from `start_pos`: chunks of `n_batch`, each a
+        pass over the weights, the last one sampling the first output token. What a chat's
+        first token would take on an idle device, the yardstick of its TTFT target."""
+        t, pos, left = 0.0, start_pos, n_tokens
+        while left > 0:
+            c = min(left, n_batch)
+            left -= c
+            ctx = c * pos + c * (c + 1) // 2
+            t += self.predict(0, c, 1, ctx, n_sampled=0 if left else 1)
+            pos += c
+        return t
+
     @property
     def coef(self) -> np.ndarray:
         return np.array([self.per_pass_s, self.per_sampled_s, self.per_prefill_s, self.per_kctx_s])

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.iteration import Advance
 from edgeprefill.runtime.core.plan import IterationTiming
+from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.request import Request
 
 
@@ -65,7 +66,14 @@ class SchedulingBackend(Protocol):
     name: str
     tokenizer: Any
 
-    def engine(self, policy: BudgetPolicy, *, guard: Any = None, clock: Any = None) -> Driver: ...
+    def engine(
+        self,
+        policy: BudgetPolicy,
+        *,
+        guard: Any = None,
+        clock: Any = None,
+        profile: DeviceProfile | None = None,
+    ) -> Driver: ...
 
     def probe_timings(self, seed: int = 0) -> list[IterationTiming]:
         """Timed iterations of a chat alone and beside prompt chunks of several sizes, for

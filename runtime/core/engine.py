@@ -20,6 +20,7 @@ from edgeprefill.runtime.core.planner import Planner
 from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.request import Request, Status
 from edgeprefill.runtime.core.scheduler import BackgroundLimits, Scheduler
+from edgeprefill.runtime.core.targets import FirstTokenTargets
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class Engine:
             policy.calibrate(profile)
         policy.check_ready()
         self.planner = Planner(policy, guard)
+        self.targets = FirstTokenTargets(profile)
         self.scheduler = Scheduler(
             backend.capacity,
             is_eog=backend.tokenizer.is_eog,
@@ -90,6 +92,7 @@ class Engine:
             self._abort.clear()  # the next plan holds it: nothing left to stop for
         if not self.scheduler.has_work:
             self._device_done = None  # the wait for this arrival was idle, not host time
+        self.targets.estimate(req)
         return self.scheduler.add(req)
 
     def preempt(self) -> None:
@@ -138,6 +141,7 @@ class Engine:
             if n:
                 req.num_computed = req.prefix_reused_tokens = n
                 req.restore_s = took
+                self.targets.estimate(req)
         if not spent:
             return None
         self._leave_out_of_host_time(spent)

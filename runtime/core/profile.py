@@ -42,6 +42,20 @@ class DeviceProfile:
         )
         return int(min(max(c, self.min_chunk), self.n_batch))
 
+    def prompt_alone_s(self, n_tokens: int, start_pos: int = 0) -> float:
+        """A prompt computed alone on this device, in chunks of the batch size."""
+        return self.cost.prompt_alone_s(n_tokens, self.n_batch, start_pos)
+
+    def longest_prompt_within(self, seconds: float) -> int:
+        """The longest prompt predicted to compute alone within `seconds` (0: none)."""
+        lo, hi = 0, 1
+        while self.prompt_alone_s(hi) <= seconds and hi < 1 << 22:
+            lo, hi = hi, hi * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self.prompt_alone_s(mid) <= seconds else (lo, mid)
+        return lo
+
     def describe(self) -> dict[str, Any]:
         return {
             "source": self.source,

@@ -129,14 +129,20 @@ class Scheduler:
                 r.num_computed + r.decode_tokens_fed,
                 r.remaining_prompt,
                 r.arrival_s,
-                r.ttft_target_s,
+                r.ttft_deadline_s,
             )
             for r in self.running
         ]
         for cls in CLASSES:
             out += [
                 Candidate(
-                    r.cls, 0, r.prompt_len, r.arrival_s, r.ttft_target_s, False, self._can_admit(r)
+                    r.cls,
+                    0,
+                    r.prompt_len,
+                    r.arrival_s,
+                    r.ttft_deadline_s,
+                    False,
+                    self._can_admit(r),
                 )
                 for r in self.waiting[cls]
             ]

@@ -22,7 +22,7 @@ class Candidate:
     computed: int  # tokens in its KV cache (for a decode: its prompt and outputs fed back)
     prompt_left: int  # prompt tokens still to compute (0: it decodes)
     arrival_s: float  # on the clock `sched_state` is given `now_s` on
-    ttft_target_s: float | None = None
+    ttft_deadline_s: float | None = None  # the first-token target planning aims at
     admitted: bool = True  # holds a sequence (False: waiting for one)
     admissible: bool = True  # waiting, and a sequence and KV cells are free for it now
 
@@ -68,6 +68,6 @@ def sched_state(
         foreground_prompt_left=fg.prompt_left if fg is not None else 0,
         foreground_prompt_pos=fg.computed if fg is not None else 0,
         foreground_waited_s=max(now_s - fg.arrival_s, 0.0) if fg is not None else 0.0,
-        foreground_ttft_target_s=fg.ttft_target_s if fg is not None else None,
+        foreground_ttft_deadline_s=fg.ttft_deadline_s if fg is not None else None,
         may_defer=may_defer,
     )

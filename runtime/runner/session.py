@@ -154,4 +154,4 @@ def _driver(
     if profile is not None:
         policy.calibrate(profile)
     policy.check_ready()
-    return backend.engine(policy)
+    return backend.engine(policy, profile=profile)

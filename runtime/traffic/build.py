@@ -106,7 +106,8 @@ def _stream(
                 after=None if a.after is None else f"{name}-{a.after}",
                 think_s=a.think_s,
                 source=source,
-                ttft_target_s=stream.ttft_target,
+                ttft_target_s=stream.ttft_target_s,
+                ttft_slowdown=stream.ttft_relative,
                 share_prefix=None if shared is None else len(prompt) - shared,
             )
         )

@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from edgeprefill.runtime.core.errors import UserError
-from edgeprefill.runtime.core.request import DEFAULT_TTFT_TARGET_S
+from edgeprefill.runtime.core.request import DEFAULT_TTFT_SLOWDOWN
 
 
 class _Strict(BaseModel):
@@ -230,16 +230,20 @@ class Stream(_Strict):
     output_tokens: Range
     ignore_eos: bool = False  # generate exactly the drawn output length
     sampling: Sampling = Sampling()
-    # Seconds from arrival to the first token wanted (left out: the class's default, 1 s
-    # for foreground, none for background; null: none). Deadline-aware policies size a
-    # waiting request's prompt chunks by it; the summary reports how many met it.
+    # Seconds from arrival to the first token wanted, absolute (left out: none). Deadline-
+    # aware policies size a waiting request's prompt chunks by it; the summary reports how
+    # many met it.
     ttft_target_s: float | None = Field(default=None, gt=0)
+    # The same, relative: this multiple of what the prompt takes alone on the device at hand
+    # (left out: the class's default, 3 for foreground, none for background; null: none).
+    # Where both are given, planning aims at the absolute one and both are reported.
+    ttft_slowdown: float | None = Field(default=None, gt=1)
 
     @property
-    def ttft_target(self) -> float | None:
-        if "ttft_target_s" in self.model_fields_set:
-            return self.ttft_target_s
-        return DEFAULT_TTFT_TARGET_S[self.cls]
+    def ttft_relative(self) -> float | None:
+        if "ttft_slowdown" in self.model_fields_set:
+            return self.ttft_slowdown
+        return DEFAULT_TTFT_SLOWDOWN[self.cls]
 
     @property
     def expected_count(self) -> float:
