@@ -11,7 +11,7 @@ import pytest
 from edgeprefill.runtime.core.costmodel import CostModel
 from edgeprefill.runtime.core.plan import IterationTiming, SchedState
 from edgeprefill.runtime.policies.cadence.fit import OnlineFit, Rows
-from edgeprefill.runtime.policies.cadence.floor import PROGRESS_SLOWDOWN, first_token_floor
+from edgeprefill.runtime.policies.cadence.floor import DEFAULT_SLOWDOWN, first_token_floor
 from edgeprefill.runtime.policies.cadence.margins import TailMargins
 from edgeprefill.runtime.policies.cadence.share import ShareCredit
 
@@ -107,21 +107,31 @@ def test_the_background_spends_at_most_its_share_of_foreground_iterations():
     assert not ShareCredit(1.0, itl_s=0.1).spent(1)
 
 
-def test_the_first_token_floor_spreads_a_prompt_over_its_slack_and_never_starves_it():
+def test_the_first_token_floor_guarantees_a_rate_and_meets_an_absolute_target_in_time():
     cost = CostModel(0.010, 0.030, 0.003, 0.0)
     chat = SchedState(1, 0, 1, 1, 2048, decode_ctx=500, foreground_prompt_left=200)
-    base = cost.predict(1, 0, 1, 500)
-    # 1 s of slack: 200 tokens cost 0.6 s, the rest holds floor(0.4 / base) iterations.
-    spread = first_token_floor(cost, chat, 1.0)
-    assert spread == -(-200 // int(0.4 / base))
-    assert first_token_floor(cost, chat, 0.6 + 1.5 * base) == 200  # one iteration left
-    # Lost, or no target: the guaranteed rate, each chunk half the rest of its iteration.
-    guaranteed = -(-200 // int((PROGRESS_SLOWDOWN - 1) * 0.6 / base))
-    assert first_token_floor(cost, chat, 0.6) == guaranteed
-    assert first_token_floor(cost, chat, None) == guaranteed
-    assert 0.003 * guaranteed >= base / (PROGRESS_SLOWDOWN - 1)
-    # A slack longer than the guaranteed rate needs does not slow the prompt below it.
-    assert first_token_floor(cost, chat, 100.0) == guaranteed
-    # Past halfway, the same rate on what is left: it never slows down.
+    base = cost.predict(1, 0, 1, 500)  # 50 ms: the decode and the chunk's pass
+    alone = 0.003 * 200
+    itl = base + 0.003 * 3  # room for 3 tokens under the ITL target
+
+    # No absolute target: the guaranteed rate, each chunk costing at least half of the rest
+    # of its iteration (3x its time alone), and never slowing down past halfway.
+    paced = first_token_floor(cost, chat, None, itl)
+    assert paced == -(-200 // int((DEFAULT_SLOWDOWN - 1) * alone / base))
+    assert 0.003 * paced >= base / (DEFAULT_SLOWDOWN - 1)
     half = replace(chat, foreground_prompt_left=100, foreground_prompt_pos=100)
-    assert first_token_floor(cost, half, None) == pytest.approx(guaranteed, abs=1)
+    assert first_token_floor(cost, half, None, itl) == pytest.approx(paced, abs=1)
+    # A request's own multiple sets the rate: 2x its time alone, chunks as costly as the rest.
+    two = first_token_floor(cost, replace(chat, foreground_ttft_slowdown=2.0), None, itl)
+    assert two == -(-200 // int(alone / base)) > paced
+    # Where more fits under the ITL target (not less the margins), it fills to the target.
+    assert first_token_floor(cost, chat, None, base + 0.003 * 50) == 50
+
+    # An absolute target: spread over the slack while it can be met (1 s: 200 tokens cost
+    # 0.6 s, the rest holds floor(0.4 / base) iterations), all at once with one left.
+    assert first_token_floor(cost, chat, 1.0, itl) == -(-200 // int(0.4 / base))
+    assert first_token_floor(cost, chat, alone + 1.5 * base, itl) == 200
+    # Lost: back to the guaranteed rate, never nothing.
+    assert first_token_floor(cost, chat, alone, itl) == paced
+    # A slack longer than the rate needs does not slow the prompt below it.
+    assert first_token_floor(cost, chat, 100.0, itl) == paced

@@ -32,7 +32,7 @@ def test_background_decodes_are_never_deferred_more_than_max_deferred_in_a_row()
 
 
 def test_a_chats_prompt_defers_documents_decodes_for_a_capping_policy_only():
-    waiting_chat = Candidate("foreground", 0, 200, 1.0, ttft_deadline_s=1.0, admitted=False)
+    waiting_chat = Candidate("foreground", 0, 200, 1.0, ttft_target_s=1.0, admitted=False)
     for spec, defers in (("static:64", True), ("ppas:bcap=32", True), ("unlimited", False)):
         decision = Planner(parse_policy(spec)).decide([DOC, waiting_chat], 512, 1.5)
         assert decision.defer_background_decodes == defers, spec

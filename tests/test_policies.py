@@ -18,7 +18,7 @@ from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.request import Request
 from edgeprefill.runtime.policies import parse_policy
 from edgeprefill.runtime.policies.cadence import CadencePolicy
-from edgeprefill.runtime.policies.cadence.floor import PROGRESS_SLOWDOWN
+from edgeprefill.runtime.policies.cadence.floor import DEFAULT_SLOWDOWN
 from edgeprefill.runtime.policies.cadence.policy import MAX_STARVED
 from edgeprefill.runtime.policies.dlfp import DLFPPolicy
 from edgeprefill.runtime.policies.ppas import PPASPolicy
@@ -353,23 +353,22 @@ def test_cadence_sizes_a_waiting_chat_prompt_by_the_time_left_to_its_ttft_target
     one_left = 1.0 - 200 * per_token - 1.5 * base  # time for one iteration, not two
     assert p.decide(replace(chat, foreground_waited_s=one_left)).floor == 200  # all now
     # Too late even for that: no stall of the other chats for a lost cause, but never
-    # starved either: chunks at the guaranteed rate, each costing at least half of what
-    # the rest of its iteration costs.
+    # starved either: chunks at the guaranteed rate (each costing at least half of what
+    # the rest of its iteration costs) or up to the ITL target, whichever is more.
     lost = p.decide(replace(chat, foreground_waited_s=0.9)).floor
-    assert 0 < lost < early
-    assert per_token * lost >= base / (PROGRESS_SLOWDOWN - 1) * 0.99
-    assert per_token * (lost - 1) < base / (PROGRESS_SLOWDOWN - 1) * 1.1  # and not much more
+    paced = math.ceil(200 / math.floor((DEFAULT_SLOWDOWN - 1) * per_token * 200 / base))
+    assert 0 < lost == max(paced, p._model.max_prefill(0.1, 1, 500, 0)) < early
     # Its remaining iterations fit the slack it was sized for.
     assert math.ceil(200 / early) * (base + 0.003 * early) <= 1.0 + 0.05
     # The request's own target, where the policy sets none; no target: the guaranteed rate.
     own = CadencePolicy(itl_ms=100)
     own.calibrate(profile(CostModel(0.010, 0.030, 0.003, 0.001)))
-    assert own.decide(replace(chat, foreground_ttft_deadline_s=1.0)).floor == early
-    assert own.decide(replace(chat, foreground_ttft_deadline_s=0.8)).floor > early
+    assert own.decide(replace(chat, foreground_ttft_target_s=1.0)).floor == early
+    assert own.decide(replace(chat, foreground_ttft_target_s=0.8)).floor > early
     assert own.decide(chat).floor == lost
     # a model fitted with no per-iteration cost (all prompt tokens): the budget decides
     own.calibrate(profile(CostModel(0.0, 0.0, 0.003, 0.0)))
-    assert own.decide(replace(chat, foreground_ttft_deadline_s=1.0)).floor is None
+    assert own.decide(replace(chat, foreground_ttft_target_s=1.0)).floor is None
 
 
 @pytest.mark.parametrize("spec", ["static:64", "unlimited"])

@@ -28,7 +28,7 @@ def test_streamed_pieces_concatenate_to_the_text_of_the_tokens(make_backend):
         req = handle.result(timeout=60)
     # its first-token target is relative to this device: a multiple of its prompt alone
     assert req.ttft_target_s is None and req.ttft_slowdown == DEFAULT_TTFT_SLOWDOWN["foreground"]
-    assert 0 < req.ttft_alone_s < 5 and req.ttft_deadline_s == req.ttft_slowdown * req.ttft_alone_s
+    assert 0 < req.ttft_alone_s < 5
     assert [p.token for p in pieces if p.token is not None] == req.output
     assert len(req.output) == 32 and req.status is Status.FINISHED
     assert "".join(p.text for p in pieces) == be.tokenizer.decode(req.output)

@@ -344,7 +344,7 @@ class ChunkByTarget(Recording):
 
     def decide(self, state):
         if state.foreground_prompt_left:
-            self.targets.append(state.foreground_ttft_deadline_s)
+            self.targets.append(state.foreground_ttft_target_s)
         return super().decide(state)
 
 
@@ -401,7 +401,15 @@ def core_candidates(script_state, n_batch):
 
     sched, _ = make_scheduler(n_batch=n_batch, n_seq_max=8)
     for rid, cls, prompt, computed, outputs, admitted, arrival in script_state:
-        req = Request(rid, cls, arrival, list(range(10, 10 + prompt)), 64, ttft_target_s=1.0)
+        req = Request(
+            rid,
+            cls,
+            arrival,
+            list(range(10, 10 + prompt)),
+            64,
+            ttft_target_s=1.0,
+            ttft_slowdown=3.0,
+        )
         sched.add(req)
         if admitted:
             sched._admit(req)
@@ -425,7 +433,7 @@ def vllm_candidates(scheduler, script_state, t0):
         for _ in range(outputs):
             req.append_output_token_ids(7)
         req.num_computed_tokens = computed + max(outputs - 1, 0)
-        scheduler.ep_ttft_targets[rid] = 1.0
+        scheduler.ep_ttft_targets[rid] = (1.0, 3.0)
         (running if admitted else waiting).append(req)
     held = scheduler.running, scheduler.waiting
     scheduler.running, scheduler.waiting = running, waiting

@@ -111,8 +111,7 @@ class VllmEngine:
             return False
         req.status = Status.PREFILL
         self.targets.estimate(req)
-        if req.ttft_deadline_s is not None:
-            self.scheduler.ep_ttft_targets[internal] = req.ttft_deadline_s
+        self.scheduler.ep_ttft_targets[internal] = (req.ttft_target_s, req.ttft_slowdown)
         self._live[req.id] = req
         self._internal[req.id] = internal
         self._external[internal] = req.id

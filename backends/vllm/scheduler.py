@@ -78,8 +78,10 @@ class BudgetMixin:
         self._ep_bg_left: int | None = None
         self._ep_defer: tuple[str, ...] = ()  # background decodes this step leaves out
         self._ep_fg_floor = 0  # prompt tokens the first waiting chat gets, budget or not
-        # The engine's requests' first-token targets, by vLLM's request id.
-        self.ep_ttft_targets: dict[str, float] = getattr(self, "ep_ttft_targets", {})
+        # The engine's requests' first-token targets (absolute, relative), by vLLM's id.
+        self.ep_ttft_targets: dict[str, tuple[float | None, float | None]] = getattr(
+            self, "ep_ttft_targets", {}
+        )
 
     @property
     def ep_policy(self) -> BudgetPolicy:
@@ -99,14 +101,16 @@ class BudgetMixin:
         `arrival_time` with the wall clock, so the planner is asked at `time.time()`)."""
 
         def candidate(r: Any, admitted: bool) -> Candidate:
+            target, slowdown = self.ep_ttft_targets.get(r.request_id, (None, None))
             return Candidate(
                 class_of(r.priority),
                 r.num_computed_tokens,
                 _left(r),
                 r.arrival_time,
-                self.ep_ttft_targets.get(r.request_id),
+                target,
                 admitted,
                 admitted or self._ep_can_admit(r),
+                slowdown,
             )
 
         running = [candidate(r, True) for r in self.running]  # type: ignore[attr-defined]

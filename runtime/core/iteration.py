@@ -40,6 +40,9 @@ class Iteration:
             "n_prefill_foreground": self.prefill_by_class.get("foreground", 0),
             "n_prefill_background": self.prefill_by_class.get("background", 0),
             "n_chunks": self.timing.n_chunks,
+            # which requests rode it, so a run can be traced request by request
+            "decode": list(self.plan.decode),
+            "prefill": dict(self.plan.prefill),
             "ctx_work": self.timing.ctx_work,
             "n_sampled": self.timing.n_sampled,
             "host_s": self.timing.host_s,

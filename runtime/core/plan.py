@@ -57,7 +57,8 @@ class SchedState:
     foreground_prompt_left: int = 0
     foreground_prompt_pos: int = 0
     foreground_waited_s: float = 0.0
-    foreground_ttft_deadline_s: float | None = None  # that request's own target
+    foreground_ttft_target_s: float | None = None  # that request's own absolute target
+    foreground_ttft_slowdown: float | None = None  # and its relative one
     # Whether background decodes may be left out of this iteration (the planner bounds how
     # many iterations in a row they are).
     may_defer: bool = True

@@ -77,18 +77,6 @@ class Request:
         return self.prompt_len - self.num_computed
 
     @property
-    def ttft_relative_s(self) -> float | None:
-        if self.ttft_slowdown is None or self.ttft_alone_s is None:
-            return None
-        return self.ttft_slowdown * self.ttft_alone_s
-
-    @property
-    def ttft_deadline_s(self) -> float | None:
-        """The first-token target planning aims at: the caller's absolute one where given
-        (they said what they need), else the relative one."""
-        return self.ttft_relative_s if self.ttft_target_s is None else self.ttft_target_s
-
-    @property
     def kv_cells(self) -> int:
         """KV cells this request can ever occupy: its prompt plus every output token that
         is fed back (the last sampled token never is). Reserved at admission, so a running

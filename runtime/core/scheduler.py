@@ -129,7 +129,8 @@ class Scheduler:
                 r.num_computed + r.decode_tokens_fed,
                 r.remaining_prompt,
                 r.arrival_s,
-                r.ttft_deadline_s,
+                r.ttft_target_s,
+                ttft_slowdown=r.ttft_slowdown,
             )
             for r in self.running
         ]
@@ -140,9 +141,10 @@ class Scheduler:
                     0,
                     r.prompt_len,
                     r.arrival_s,
-                    r.ttft_deadline_s,
+                    r.ttft_target_s,
                     False,
                     self._can_admit(r),
+                    r.ttft_slowdown,
                 )
                 for r in self.waiting[cls]
             ]

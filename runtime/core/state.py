@@ -22,9 +22,10 @@ class Candidate:
     computed: int  # tokens in its KV cache (for a decode: its prompt and outputs fed back)
     prompt_left: int  # prompt tokens still to compute (0: it decodes)
     arrival_s: float  # on the clock `sched_state` is given `now_s` on
-    ttft_deadline_s: float | None = None  # the first-token target planning aims at
+    ttft_target_s: float | None = None  # absolute, where its caller gave one
     admitted: bool = True  # holds a sequence (False: waiting for one)
     admissible: bool = True  # waiting, and a sequence and KV cells are free for it now
+    ttft_slowdown: float | None = None  # relative: its first token within this x its alone
 
     @property
     def decodes(self) -> bool:
@@ -68,6 +69,7 @@ def sched_state(
         foreground_prompt_left=fg.prompt_left if fg is not None else 0,
         foreground_prompt_pos=fg.computed if fg is not None else 0,
         foreground_waited_s=max(now_s - fg.arrival_s, 0.0) if fg is not None else 0.0,
-        foreground_ttft_deadline_s=fg.ttft_deadline_s if fg is not None else None,
+        foreground_ttft_target_s=fg.ttft_target_s if fg is not None else None,
+        foreground_ttft_slowdown=fg.ttft_slowdown if fg is not None else None,
         may_defer=may_defer,
     )

@@ -1,5 +1,5 @@
-"""A waiting foreground prompt's first-token floor: FlowPrefill's slack idea on a CPU, with
-a guaranteed rate so that no prompt starves once its deadline is lost."""
+"""A waiting foreground prompt's first-token floor: a guaranteed rate, so that no prompt
+starves, and FlowPrefill's slack idea where its caller gave an absolute target."""
 
 from __future__ import annotations
 
@@ -7,37 +7,45 @@ import math
 
 from edgeprefill.runtime.core.costmodel import CostModel
 from edgeprefill.runtime.core.plan import SchedState
+from edgeprefill.runtime.core.request import DEFAULT_TTFT_SLOWDOWN
 
-# A waiting foreground prompt always progresses at least as fast as one that would finish
-# within this multiple of its time alone: each chunk costs at least 1/(3-1) of the rest of
-# its iteration, which then takes at most 1.5 times what the other requests' work takes.
-PROGRESS_SLOWDOWN = 3.0
+# The rate for a prompt with no relative target of its own.
+DEFAULT_SLOWDOWN = DEFAULT_TTFT_SLOWDOWN["foreground"] or 3.0
 
 
-def first_token_floor(model: CostModel, state: SchedState, target_s: float | None) -> int | None:
-    """The smallest chunk for the waiting foreground prompt such that its remaining
-    iterations, each the decodes' cost plus the chunk's, fit in the time left to its TTFT
-    target (all of it at once when only one iteration fits), and never less than the
-    guaranteed rate.
+def first_token_floor(
+    model: CostModel, state: SchedState, target_s: float | None, itl_s: float
+) -> int | None:
+    """The fewest tokens the waiting foreground prompt computes this iteration: the most
+    of three rates.
 
-    A lost target used to get no floor at all, as S-EDF drops a request whose deadline is
-    lost rather than stall every other request for it (a 7k-token question computed at once
-    stopped the other chats for 8 s). But on a CPU half as fast, ordinary chats then waited
-    4.5 s in chunks of a few tokens beside other chats' decodes. The guaranteed rate covers
-    both: a long question progresses in chunks that add at most half to an iteration, and
-    no chat waits more than a bounded multiple of its time alone."""
+    - Guaranteed: a prompt whose first token is wanted within `slowdown` times its time
+      alone gets chunks costing at least 1/(slowdown - 1) of the rest of their iteration,
+      so beside any number of decodes it finishes within about that multiple of its time
+      alone, and its iterations take at most slowdown/(slowdown - 1) of what the decodes
+      take.
+    - Up to the ITL target: a chunk that fills the iteration to `itl_s` as such, not less
+      the margins the budget keeps (a chat's first token is worth the tail's margin).
+    - In time for an absolute target, while it can still be met: the fewest tokens per
+      iteration whose remaining iterations, each the decodes' cost plus the chunk's, fit
+      the time left (all of it when only one iteration fits).
+
+    Before the guaranteed rate a lost target got no floor, as S-EDF drops a request whose
+    deadline is lost rather than stall every other request for it (a 7k-token question
+    computed at once stopped the other chats for 8 s). On a CPU half as fast, ordinary chats
+    then waited 4.5 s in chunks of a few tokens beside other chats' decodes (issue 23)."""
     left = state.foreground_prompt_left
     base = model.predict(state.n_decode, 0, 1, state.decode_ctx)  # + the last row: small
-    pos = state.foreground_prompt_pos + left / 2
-    per_token = model.per_prefill_s + model.per_kctx_s * pos / 1000
     if base <= 0 or left <= 0:  # a model fitted with no cost per iteration: nothing to spread
         return None
-    alone = per_token * left
-    # The most iterations it may be spread over: at the guaranteed rate, and within the time
-    # left to its target while that can still be met.
-    spread = math.floor((PROGRESS_SLOWDOWN - 1) * alone / base)
+    pos = state.foreground_prompt_pos + left / 2
+    alone = (model.per_prefill_s + model.per_kctx_s * pos / 1000) * left
+    slowdown = state.foreground_ttft_slowdown or DEFAULT_SLOWDOWN
+    spread = math.floor((slowdown - 1) * alone / base)  # the most iterations at that rate
     if target_s is not None:
         in_time = math.floor((target_s - state.foreground_waited_s - alone) / base)
         if in_time >= 1:
             spread = min(spread, in_time)
-    return left if spread <= 1 else math.ceil(left / spread)
+    paced = left if spread <= 1 else math.ceil(left / spread)
+    fill = model.max_prefill(itl_s, state.n_decode, state.decode_ctx, state.foreground_prompt_pos)
+    return min(max(paced, fill), left)

@@ -58,8 +58,7 @@ class CadencePolicy(BudgetPolicy):
     tail_pct: float = 99.0  # share of foreground token gaps (%) to keep under itl_ms
     # A foreground prompt's first-token target: it gets the chunks that meet it, whatever
     # the foreground decodes' ITL costs for those iterations (None: each request's own
-    # target, 3 times its prompt alone on this device unless its workload or caller says
-    # otherwise).
+    # absolute target, if any; with none, it still gets the guaranteed rate of `floor`).
     ttft_ms: float | None = None
     share: float = (
         DEFAULT_SHARE  # most of the device's time background work takes beside foreground decodes
@@ -110,8 +109,8 @@ class CadencePolicy(BudgetPolicy):
         budget, reason = self._budget(seen, target, margins, credit)
         floor = None
         if state.foreground_prompt_left:
-            ttft = state.foreground_ttft_deadline_s if self.ttft_ms is None else self.ttft_ms / 1000
-            floor = first_token_floor(self._model, state, ttft)
+            ttft = state.foreground_ttft_target_s if self.ttft_ms is None else self.ttft_ms / 1000
+            floor = first_token_floor(self._model, state, ttft, self._itl_s)
         return Decision(budget, floor, defer, reason=reason)
 
     def _defers(self, state: SchedState, target: float, credit: ShareCredit) -> bool:
