@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 from edgeprefill.runtime.core.resource import Closeable
 
@@ -293,6 +294,10 @@ class StateStore(Closeable):
     def _index_folder(self) -> None:
         """Learn the files a previous run left, oldest use first, reading headers only."""
         assert self._folder is not None
+        for tmp in self._folder.glob("*.tmp*"):  # a write cut short (kill -9, power loss)
+            pid = tmp.suffix.removeprefix(".tmp")
+            if pid.isdigit() and not psutil.pid_exists(int(pid)):
+                tmp.unlink(missing_ok=True)  # its writer is gone; a live one's is left alone
         files = sorted(self._folder.glob(f"*{SUFFIX}"), key=lambda p: p.stat().st_mtime)
         for path in files:
             header = _read_header(path)

@@ -220,7 +220,8 @@ def test_bad_inputs_give_one_line_and_exit_code_2(tmp_path):
     assert_clean_error(run_cli("run", tmp_path / "nope.yaml"), "nope.yaml does not exist")
 
 
-def test_ctrl_c_keeps_finished_work_and_marks_the_run_interrupted(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_keeps_finished_work_and_marks_the_run_interrupted(tmp_path, signum):
     out = tmp_path / "out"
     wl = small_workload(tmp_path, chats=30, docs=3, doc_tokens=3000)
     proc = subprocess.Popen(
@@ -235,9 +236,9 @@ def test_ctrl_c_keeps_finished_work_and_marks_the_run_interrupted(tmp_path):
         if requests_file.exists() and len(requests_file.read_text().splitlines()) >= 2:
             break
         time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr
+    assert proc.returncode == 128 + signum, stderr
     assert "Traceback" not in stderr and "interrupted" in stderr
     summary = json.loads((out / "summary.json").read_text())
     requests = read_jsonl(requests_file)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from edgeprefill.backends.state_store import SUFFIX, StateStore
@@ -134,3 +136,19 @@ def test_clear_forgets_memory_and_files(tmp_path):
         s.clear()
         assert s.lookup(DOC + [1]) is None
     assert not list(tmp_path.glob(f"*{SUFFIX}"))
+
+
+def test_a_write_cut_short_by_kill_9_is_removed_at_the_next_start(tmp_path):
+    with store(tmp_path) as s:
+        s.put(DOC, payload(1000))
+        s.flush()
+    (saved,) = tmp_path.glob(f"*{SUFFIX}")
+    dead = psutil.Popen(["true"])
+    dead.wait()  # a pid that no process holds now
+    half = tmp_path / f"{saved.stem}.tmp{dead.pid}"
+    half.write_bytes(saved.read_bytes()[:100])  # what kill -9 mid-write leaves
+    live = tmp_path / f"{saved.stem}.tmp{os.getpid()}"  # another process still writing
+    live.write_bytes(b"...")
+    with store(tmp_path) as s:
+        assert not half.exists() and live.exists()
+        assert s.lookup(DOC + [1]).n_tokens == len(DOC)  # the finished file still loads

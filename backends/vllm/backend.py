@@ -15,7 +15,6 @@ from edgeprefill.backends.vllm.probe import probe_timings
 from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.plan import IterationTiming
-from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.resource import Closeable
 
 SCHEDULERS = {
@@ -162,25 +161,11 @@ class VllmBackend(Closeable):
         self.prefix_cache = _VllmPrefixCaching(self.llm) if settings.prefix_caching else None
         self._closed = False
 
-    def engine(
-        self,
-        policy: BudgetPolicy,
-        *,
-        guard: Any = None,
-        clock: Any = None,
-        profile: DeviceProfile | None = None,
-    ) -> VllmEngine:
-        """A driver for one run, with `policy` installed in vLLM's scheduler (`profile`:
-        the device's, for first-token targets relative to it)."""
+    def engine(self, policy: BudgetPolicy, **options: Any) -> VllmEngine:
+        """A driver for one run, with `policy` installed in vLLM's scheduler (`options`:
+        `VllmEngine`'s guard, clock and device profile)."""
         return VllmEngine(
-            self.llm,
-            self.scheduler,
-            policy,
-            self.tokenizer.eog_ids,
-            self.settings.n_ctx,
-            guard=guard,
-            clock=clock,
-            profile=profile,
+            self.llm, self.scheduler, policy, self.tokenizer.eog_ids, self.settings.n_ctx, **options
         )
 
     def probe_timings(self, seed: int = 0) -> list[IterationTiming]:

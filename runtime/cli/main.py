@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import signal
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -80,7 +81,7 @@ def run(workload: Path, policy_spec: str, out: Path | None, seed: int | None, **
     click.echo(f"results: {out}")
     if result.outcome.interrupted:
         click.echo("run interrupted: finished requests were kept, the rest marked failed", err=True)
-        sys.exit(130)
+        sys.exit(128 + (result.outcome.signal or signal.SIGINT))  # as a shell reports it
 
 
 @cli.command()

@@ -30,10 +30,12 @@ class RunOutcome:
     duration_s: float
     interrupted: bool
     not_arrived: int
+    signal: int | None = None  # the signal that stopped it (a shell reports 128 + it)
 
 
 class _StopFlag:
     requested = False
+    signum: int | None = None
 
 
 @contextmanager
@@ -46,7 +48,7 @@ def _graceful_interrupt() -> Iterator[_StopFlag]:
     def handler(signum: int, frame: object) -> None:
         if flag.requested:
             raise KeyboardInterrupt
-        flag.requested = True
+        flag.requested, flag.signum = True, signum
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -113,4 +115,5 @@ def run_requests(
     if interrupted:
         for req in engine.abort("interrupted"):
             writer.request(req)
-    return RunOutcome(clock.now(), interrupted, len(pending) + len(blocked))
+    signum = stop.signum or (signal.SIGINT if interrupted else None)
+    return RunOutcome(clock.now(), interrupted, len(pending) + len(blocked), signum)
