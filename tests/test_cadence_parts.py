@@ -112,26 +112,22 @@ def test_the_first_token_floor_guarantees_a_rate_and_meets_an_absolute_target_in
     chat = SchedState(1, 0, 1, 1, 2048, decode_ctx=500, foreground_prompt_left=200)
     base = cost.predict(1, 0, 1, 500)  # 50 ms: the decode and the chunk's pass
     alone = 0.003 * 200
-    itl = base + 0.003 * 3  # room for 3 tokens under the ITL target
-
     # No absolute target: the guaranteed rate, each chunk costing at least half of the rest
     # of its iteration (3x its time alone), and never slowing down past halfway.
-    paced = first_token_floor(cost, chat, None, itl)
+    paced = first_token_floor(cost, chat, None)
     assert paced == -(-200 // int((DEFAULT_SLOWDOWN - 1) * alone / base))
     assert 0.003 * paced >= base / (DEFAULT_SLOWDOWN - 1)
     half = replace(chat, foreground_prompt_left=100, foreground_prompt_pos=100)
-    assert first_token_floor(cost, half, None, itl) == pytest.approx(paced, abs=1)
+    assert first_token_floor(cost, half, None) == pytest.approx(paced, abs=1)
     # A request's own multiple sets the rate: 2x its time alone, chunks as costly as the rest.
-    two = first_token_floor(cost, replace(chat, foreground_ttft_slowdown=2.0), None, itl)
+    two = first_token_floor(cost, replace(chat, foreground_ttft_slowdown=2.0), None)
     assert two == -(-200 // int(alone / base)) > paced
-    # Where more fits under the ITL target (not less the margins), it fills to the target.
-    assert first_token_floor(cost, chat, None, base + 0.003 * 50) == 50
 
     # An absolute target: spread over the slack while it can be met (1 s: 200 tokens cost
     # 0.6 s, the rest holds floor(0.4 / base) iterations), all at once with one left.
-    assert first_token_floor(cost, chat, 1.0, itl) == -(-200 // int(0.4 / base))
-    assert first_token_floor(cost, chat, alone + 1.5 * base, itl) == 200
+    assert first_token_floor(cost, chat, 1.0) == -(-200 // int(0.4 / base))
+    assert first_token_floor(cost, chat, alone + 1.5 * base) == 200
     # Lost: back to the guaranteed rate, never nothing.
-    assert first_token_floor(cost, chat, alone, itl) == paced
+    assert first_token_floor(cost, chat, alone) == paced
     # A slack longer than the rate needs does not slow the prompt below it.
-    assert first_token_floor(cost, chat, 100.0, itl) == paced
+    assert first_token_floor(cost, chat, 100.0) == paced

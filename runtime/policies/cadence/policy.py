@@ -110,7 +110,7 @@ class CadencePolicy(BudgetPolicy):
         floor = None
         if state.foreground_prompt_left:
             ttft = state.foreground_ttft_target_s if self.ttft_ms is None else self.ttft_ms / 1000
-            floor = first_token_floor(self._model, state, ttft, self._itl_s)
+            floor = first_token_floor(self._model, state, ttft)
         return Decision(budget, floor, defer, reason=reason)
 
     def _defers(self, state: SchedState, target: float, credit: ShareCredit) -> bool:
