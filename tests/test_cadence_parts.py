@@ -112,15 +112,18 @@ def test_the_first_token_floor_guarantees_a_rate_and_meets_an_absolute_target_in
     chat = SchedState(1, 0, 1, 1, 2048, decode_ctx=500, foreground_prompt_left=200)
     base = cost.predict(1, 0, 1, 500)  # 50 ms: the decode and the chunk's pass
     alone = 0.003 * 200
-    # No absolute target: the guaranteed rate, each chunk costing at least half of the rest
-    # of its iteration (3x its time alone), and never slowing down past halfway.
-    paced = first_token_floor(cost, chat, None)
+    # No absolute target: the budget alone at first; once it has waited 2/3 of its time
+    # alone, the guaranteed rate, each chunk costing at least half of the rest of its
+    # iteration (3x its time alone), and never slowing down past halfway.
+    assert first_token_floor(cost, chat, None) is None
+    late = replace(chat, foreground_waited_s=alone * 2 / 3)
+    paced = first_token_floor(cost, late, None)
     assert paced == -(-200 // int((DEFAULT_SLOWDOWN - 1) * alone / base))
     assert 0.003 * paced >= base / (DEFAULT_SLOWDOWN - 1)
-    half = replace(chat, foreground_prompt_left=100, foreground_prompt_pos=100)
+    half = replace(late, foreground_prompt_left=100, foreground_prompt_pos=100)
     assert first_token_floor(cost, half, None) == pytest.approx(paced, abs=1)
     # A request's own multiple sets the rate: 2x its time alone, chunks as costly as the rest.
-    two = first_token_floor(cost, replace(chat, foreground_ttft_slowdown=2.0), None)
+    two = first_token_floor(cost, replace(late, foreground_ttft_slowdown=2.0), None)
     assert two == -(-200 // int(alone / base)) > paced
 
     # An absolute target: spread over the slack while it can be met (1 s: 200 tokens cost
@@ -128,6 +131,6 @@ def test_the_first_token_floor_guarantees_a_rate_and_meets_an_absolute_target_in
     assert first_token_floor(cost, chat, 1.0) == -(-200 // int(0.4 / base))
     assert first_token_floor(cost, chat, alone + 1.5 * base) == 200
     # Lost: back to the guaranteed rate, never nothing.
-    assert first_token_floor(cost, chat, alone) == paced
-    # A slack longer than the rate needs does not slow the prompt below it.
-    assert first_token_floor(cost, chat, 100.0) == paced
+    assert first_token_floor(cost, late, alone) == paced
+    # A slack longer than the rate needs does not slow a late prompt below it.
+    assert first_token_floor(cost, late, 100.0) == paced

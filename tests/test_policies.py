@@ -365,7 +365,8 @@ def test_cadence_sizes_a_waiting_chat_prompt_by_the_time_left_to_its_ttft_target
     own.calibrate(profile(CostModel(0.010, 0.030, 0.003, 0.001)))
     assert own.decide(replace(chat, foreground_ttft_target_s=1.0)).floor == early
     assert own.decide(replace(chat, foreground_ttft_target_s=0.8)).floor > early
-    assert own.decide(chat).floor == lost
+    assert own.decide(chat).floor is None  # the budget first, the rate once it is late
+    assert own.decide(replace(chat, foreground_waited_s=0.9)).floor == lost
     # a model fitted with no per-iteration cost (all prompt tokens): the budget decides
     own.calibrate(profile(CostModel(0.0, 0.0, 0.003, 0.0)))
     assert own.decide(replace(chat, foreground_ttft_target_s=1.0)).floor is None

@@ -54,8 +54,9 @@ def test_a_chat_beside_decodes_that_fill_the_itl_target_gets_its_first_token_in_
     while not late.output:
         iterations.append(engine.step())
     assert all(len(r.output) < 400 for r in talking)  # the others decoded all along
-    # Within 3x its time alone (it used to get 0 tokens for 8 iterations in every 9: 40x).
-    assert late.token_times_s[0] - late.arrival_s <= 3 * late.ttft_alone_s * 1.1
+    # The budget alone for 2/3 of its time alone, then at the rate of 3x its time alone:
+    # within 3.7x (it used to get 0 tokens for 8 iterations in every 9: 40x).
+    assert late.token_times_s[0] - late.arrival_s <= (3 + 2 / 3) * late.ttft_alone_s * 1.05
     # Each of its iterations takes at most 1.5x what the decodes and its pass take (plus
     # rounding to whole pieces, and the last one's sampled row).
     base = SLOW.predict(3, 0, 1, 0)

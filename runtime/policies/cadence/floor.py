@@ -40,8 +40,10 @@ def first_token_floor(model: CostModel, state: SchedState, target_s: float | Non
     alone = (model.per_prefill_s + model.per_kctx_s * pos / 1000) * left
     slowdown = state.foreground_ttft_slowdown or DEFAULT_SLOWDOWN
     spread = math.floor((slowdown - 1) * alone / base)  # the most iterations at that rate
+    if state.foreground_waited_s < alone * (slowdown - 1) / slowdown:
+        spread = 1 << 30  # the budget serves it first: the rate only binds once it is late
     if target_s is not None:
         in_time = math.floor((target_s - state.foreground_waited_s - alone) / base)
         if in_time >= 1:
             spread = min(spread, in_time)
-    return left if spread <= 1 else math.ceil(left / spread)
+    return None if spread >= 1 << 30 else left if spread <= 1 else math.ceil(left / spread)
