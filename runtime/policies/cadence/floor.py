@@ -17,11 +17,12 @@ def first_token_floor(model: CostModel, state: SchedState, target_s: float | Non
     """The fewest tokens the waiting foreground prompt computes this iteration (the budget
     may give it more): the more of two rates.
 
-    - Guaranteed: a prompt whose first token is wanted within `slowdown` times its time
-      alone gets chunks costing at least 1/(slowdown - 1) of the rest of their iteration,
-      so beside any number of decodes it finishes within about that multiple of its time
-      alone, and its iterations take at most slowdown/(slowdown - 1) of what the decodes
-      take.
+    - Guaranteed, once the prompt is late: the budget serves it until it has waited
+      (slowdown - 1)/slowdown of what is left of it alone (a 7k-token question is mostly
+      read under the ITL target); from then on chunks cost at least 1/(slowdown - 1) of the
+      rest of their iteration, so beside any number of decodes it finishes within about
+      slowdown + 1 times its time alone, and its iterations take at most
+      slowdown/(slowdown - 1) of what the decodes take.
     - In time for an absolute target, while it can still be met: the fewest tokens per
       iteration whose remaining iterations, each the decodes' cost plus the chunk's, fit
       the time left (all of it when only one iteration fits).
