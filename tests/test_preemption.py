@@ -57,9 +57,10 @@ def run_alone(engine: Engine, req: Request) -> list[int]:
 def test_a_document_aborted_part_way_resumes_with_the_same_greedy_output(make_backend):
     # Fast batching: a chunk spans several micro-batches (exact batching caps a chunk at
     # one, so there an iteration is the unit of preemption). Prompt pieces of whole
-    # micro-batches are exact in both modes, so outputs must match. The micro-batch is set,
-    # not measured fastest: a device that picks 2048 would hold the document in one.
-    be = make_backend(n_ctx=2048, batching="fast", n_ubatch=512)
+    # micro-batches are exact without flash attention (with it, on an AVX-512 EPYC, no
+    # piece size was), so outputs must match. The micro-batch is set, not measured
+    # fastest: a device that picks 2048 would hold the document in one.
+    be = make_backend(n_ctx=2048, batching="fast", n_ubatch=512, flash_attn=False)
     doc = tokens(be, 1500, 1)
     reference = run_alone(Engine(be, UnlimitedPolicy()), Request("ref", "background", 0, doc, 8))
 
@@ -84,7 +85,8 @@ def test_documents_decodes_finish_and_only_their_prompt_work_stops(make_backend)
     """A chat arriving while one document decodes beside another's prompt chunk stops the
     chunk, not the decode: the decode token is kept, the chunk's remainder computed later,
     and both documents end with the outputs of a run never stopped."""
-    be = make_backend(n_ctx=4096, batching="fast", n_ubatch=512)  # the same cuts everywhere
+    # whole micro-batches of 512 without flash attention: the shapes exact everywhere seen
+    be = make_backend(n_ctx=4096, batching="fast", n_ubatch=512, flash_attn=False)
     short, long = tokens(be, 40, 11), tokens(be, 3000, 12)
 
     def pair() -> tuple[Request, Request]:
