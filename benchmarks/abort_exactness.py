@@ -9,10 +9,11 @@ the logits of each of the four rows are bit-identical to the run never stopped.
 
 Seen on a 2-core AVX-512 EPYC (1 Dec), llama-cpp-python 0.3.36, the bundled Gemma 3 270M,
 no flash attention: the two clean runs are identical; after the abort all four rows differ
-(by up to 1.2 natively and 1.4 on the AVX2-only build). The rollback restores the cells'
-contents, not their layout: the sliding-window layers' cache had already reused masked
-cells and moved its search head, so the retried micro-batch lands in other cells and
-attention sums in another order. Exact batching therefore cannot hold for a document whose
+(by up to 1.2 natively and 1.4 on the AVX2-only build). The likely cause, read in the
+vendored llama-kv-cache.cpp and not yet proven: placing the micro-batch in the sliding-
+window layers' cache reuses cells masked for it and removes their positions, and the
+rollback frees its cells without undoing that or the search head, so the retried
+micro-batch lands in other cells and attention sums in another order. Exact batching therefore cannot hold for a document whose
 chunk was stopped mid-graph (issue 25), and a run in which aborts land at other moments
 (their timing follows arrivals and machine speed) can give other greedy outputs (issue 22).
 """
