@@ -13,7 +13,9 @@ no flash attention: the two clean runs are identical; after the abort all four r
 vendored llama-kv-cache.cpp and not yet proven: placing the micro-batch in the sliding-
 window layers' cache reuses cells masked for it and removes their positions, and the
 rollback frees its cells without undoing that or the search head, so the retried
-micro-batch lands in other cells and attention sums in another order. Exact batching therefore cannot hold for a document whose
+micro-batch lands in other cells and attention sums in another order. With a full-size
+sliding-window cache (`swa_full`, set by hand in `LlamaContext`) the same run is identical
+after the abort, all four rows, natively. Exact batching therefore cannot hold for a document whose
 chunk was stopped mid-graph (issue 25), and a run in which aborts land at other moments
 (their timing follows arrivals and machine speed) can give other greedy outputs (issue 22).
 """
