@@ -57,7 +57,7 @@ def machine_lines(out: Path) -> list[str]:
         if not m.get("gpus")
         else f"- Machine: {m['cpu_model']} ({isa}), GPUs {', '.join(m['gpus'])}",
         f"- Model: {b.get('model_description', b.get('model'))}, {b.get('n_threads')} threads; "
-        f"llama-cpp-python {b.get('versions', {}).get('llama_cpp', b.get('llama_cpp', '?'))}, "
+        f"llama-cpp-python {b.get('llama_cpp') or b['probe']['key']['llama_cpp']}, "
         f"llama-server from the same vendored source",
         f"- Runs made {dates[0]}"
         + (f" to {dates[-1]}" if dates[-1] != dates[0] else "")

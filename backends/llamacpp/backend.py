@@ -293,6 +293,7 @@ class LlamaCppBackend(Backend):
             "model_description": self.model.description(),
             "n_ctx": self.capacity.n_ctx,
             "n_ctx_seq": self.capacity.n_ctx_seq,
+            "llama_cpp": lc.__version__,
             "n_ctx_train": self.model.n_ctx_train,
             "n_batch": c.n_batch,
             "n_ubatch": self.settings.n_ubatch,
