@@ -70,7 +70,7 @@ bench-versus: setup
 		--out results/versus/throughput.json
 
 # RESULTS.md, regenerated: llama-server and edgeprefill's policies on the default and bursty
-# workloads, SEEDS seeds back to back (~45 min a seed on 2 cores, plus ~9 min to build
+# workloads, SEEDS seeds back to back (20-45 min a seed on 2 cores, plus 5-9 min to build
 # llama-server once), then the page from the result folders (runs already there are kept).
 SEEDS ?= 3
 results: setup
