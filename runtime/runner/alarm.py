@@ -22,8 +22,12 @@ class ArrivalAlarm:
         self._thread.start()
 
     def set(self, deadline: float | None) -> None:
-        """Fire once at `deadline` (run-clock seconds); None disarms."""
+        """Fire once at `deadline` (run-clock seconds); None disarms. The replay calls this
+        before every iteration: the thread is woken only when the deadline changes, not
+        once per iteration."""
         with self._cond:
+            if deadline == self._deadline:
+                return
             self._deadline = deadline
             self._cond.notify()
 
