@@ -40,11 +40,14 @@ def first_token_floor(model: CostModel, state: SchedState, target_s: float | Non
     pos = state.foreground_prompt_pos + left / 2
     alone = (model.per_prefill_s + model.per_kctx_s * pos / 1000) * left
     slowdown = state.foreground_ttft_slowdown or DEFAULT_SLOWDOWN
-    spread = math.floor((slowdown - 1) * alone / base)  # the most iterations at that rate
-    if state.foreground_waited_s < alone * (slowdown - 1) / slowdown:
-        spread = 1 << 30  # the budget serves it first: the rate only binds once it is late
+    # The most iterations it may be spread over (None: the budget alone serves it).
+    spread: int | None = None
+    if state.foreground_waited_s >= alone * (slowdown - 1) / slowdown:  # late: the rate binds
+        spread = math.floor((slowdown - 1) * alone / base)
     if target_s is not None:
         in_time = math.floor((target_s - state.foreground_waited_s - alone) / base)
         if in_time >= 1:
-            spread = min(spread, in_time)
-    return None if spread >= 1 << 30 else left if spread <= 1 else math.ceil(left / spread)
+            spread = in_time if spread is None else min(spread, in_time)
+    if spread is None:
+        return None
+    return left if spread <= 1 else math.ceil(left / spread)
