@@ -118,6 +118,46 @@ def test_documents_decodes_finish_and_only_their_prompt_work_stops(make_backend)
     assert (a.output, b.output) == (ref[0].output, ref[1].output)
 
 
+@pytest.mark.parametrize("where", ["before", "wrapping", "first node", "middle node", "last node"])
+def test_an_abort_anywhere_in_a_micro_batch_keeps_greedy_outputs_exact(make_backend, where):
+    """Wherever a chat's arrival lands in a document's chunk, the document ends with the
+    output of a run never stopped: a micro-batch is stopped mid-graph only where
+    llama.cpp's rollback is exact, and one that wraps the sliding-window cache's ring
+    finishes before the stop (it is not asked whether to stop while it computes)."""
+    be = make_backend(n_ctx=4096, batching="fast", n_ubatch=512, flash_attn=False)
+    ring = be.ring.size
+    assert be.ring.n_swa and ring == 1024  # Gemma 3's 512-token window + one micro-batch
+    short, long = tokens(be, 40, 11), tokens(be, 3000, 12)
+
+    def run(stop) -> tuple[list[int], dict | None]:
+        engine = Engine(be, UnlimitedPolicy())
+        a = Request("short", "background", 0, short, 2, ignore_eos=True)
+        b = Request("long", "background", 0, long, 4, ignore_eos=True)
+        engine.add(a)
+        engine.add(b)
+        engine.step()  # long's prompt to 2,008: its next micro-batch wraps the ring
+        assert b.num_computed == 2048 - len(short) and not be.ring.abortable(
+            b.seq_id, b.num_computed, 512
+        )
+        engine._abort = stop  # type: ignore[assignment]
+        it = engine.step()
+        engine._abort = StopAfter(10**12)  # type: ignore[assignment]
+        while engine.has_work:
+            engine.step()
+        return b.output, it.preempted
+
+    reference, never = run(StopAfter(10**12))
+    assert never is None
+    nodes = nodes_per_micro_batch(be, seq_id=7) - 1  # less the ask before it starts
+    # The flag is read once before each micro-batch, not during the wrapping one, and at
+    # every graph node of the next.
+    asks = {"before": 0, "wrapping": 1, "first node": 2, "middle node": 2 + nodes // 2}
+    output, preempted = run(StopAfter(asks.get(where, 2 + nodes - 1)))
+    assert preempted is not None
+    assert preempted["kept"] == (0 if where == "before" else 512)
+    assert output == reference
+
+
 def test_decode_iterations_are_never_aborted_and_prompt_only_ones_are(make_backend):
     be = make_backend(n_ctx=4096)
     engine = Engine(be, parse_policy("static:256"))

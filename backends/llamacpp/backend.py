@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack, closing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from edgeprefill.backends.llamacpp.native import LlamaBatch, LlamaContext, Llama
 from edgeprefill.backends.llamacpp.prefix_cache import LlamaPrefixCache
 from edgeprefill.backends.llamacpp.probe_cache import model_identity, probe
 from edgeprefill.backends.llamacpp.shapes import Batching, Overrides, choose_settings
+from edgeprefill.backends.llamacpp.swa_ring import SwaRing
 from edgeprefill.backends.llamacpp.tokenizer import LlamaTokenizer
 from edgeprefill.backends.state_store import StateStore
 from edgeprefill.runtime.core.contract import Backend, BackendError, Capacity, SeqWork, StepResult
@@ -133,6 +134,9 @@ class LlamaCppBackend(Backend):
                 work=config.expected_work,
             )
             self.ctx = self._stack.enter_context(closing(self._context()))
+            self.ring = SwaRing.of(
+                self.model.n_swa, self.ctx.n_ctx_seq, self.settings.n_ubatch, config.kv_unified
+            )
             self.batch = self._stack.enter_context(closing(LlamaBatch(config.n_batch)))
             self._stack.callback(self._close_samplers)
             if config.kv_cache:
@@ -217,21 +221,35 @@ class LlamaCppBackend(Backend):
         sequence ids with equal token counts, which would compute a chunk's first token
         beside the decodes, alone, deep in its context: a one-row piece, computed by other
         kernels than the same token in its chunk. The groups are the ubatches llama.cpp
-        would have run anyway, plus the passes that splitting decode groups adds."""
+        would have run anyway, plus the passes that splitting decode groups adds.
+
+        With an `abort` flag the prompt chunks go one micro-batch per `llama_decode` (the
+        split llama.cpp makes inside one call), so each is stopped mid-graph only where its
+        rollback is exact (`SwaRing`) and otherwise at its end."""
         decodes = sorted((w for w in work if w.is_decode), key=lambda w: w.seq_id)
         chunks = [w for w in work if not w.is_decode]
         step = self.settings.max_decode_group or max(len(decodes), 1)
         groups = [decodes[i : i + step] for i in range(0, len(decodes), step)]
-        groups += [[c] for c in chunks]
+        first_prompt = len(groups)
+        if abort is None:
+            groups += [[c] for c in chunks]
+        else:
+            n = self.settings.n_ubatch
+            groups += [[micro_batch(c, i, n)] for c in chunks for i in range(0, len(c.tokens), n)]
         self.batch.fill([w for g in groups for w in g])
+        for w in chunks:
+            self.ring.placed(w.seq_id, w.pos)
         sampled: dict[int, int] = {}
         duration = 0.0
         start = 0
         try:
             for k, group in enumerate(groups):
-                if abort is not None and k == len(groups) - len(chunks):
-                    # The decodes are done and sampled: only prompt work may be stopped.
-                    self.ctx.arm_abort(abort)
+                if abort is not None and k >= first_prompt:
+                    if abort.is_set():  # the decodes are done and sampled: stop here
+                        return StepResult(duration, sampled, self._kept(chunks))
+                    (w,) = group
+                    exact = self.ring.abortable(w.seq_id, w.pos, len(w.tokens))
+                    self.ctx.arm_abort(abort if exact else None)
                 n = sum(len(w.tokens) for w in group)
                 t0 = time.perf_counter()
                 rc = self.ctx.decode(self.batch.view(start, n))
@@ -277,6 +295,7 @@ class LlamaCppBackend(Backend):
 
     def release(self, seq_id: int) -> None:
         self.ctx.seq_rm(seq_id)
+        self.ring.released(seq_id)
         sampler = self._samplers.pop(seq_id, None)
         if sampler is not None:
             sampler.close()
@@ -303,6 +322,7 @@ class LlamaCppBackend(Backend):
             "n_threads": self.n_threads,
             "kv_unified": c.kv_unified,
             "swa_full": False,
+            "preemption": self.ring.describe(),
             "weights_repacked": self.model.repacked,
             "clock": "perf_counter",  # around the synchronous llama_decode
             "batching": self.settings.describe(),
@@ -317,3 +337,10 @@ class LlamaCppBackend(Backend):
 
     def close(self) -> None:
         self._stack.close()
+
+
+def micro_batch(w: SeqWork, start: int, n_ubatch: int) -> SeqWork:
+    """Tokens [start, start + n_ubatch) of a prompt chunk, sampling only if they end it."""
+    end = min(start + n_ubatch, len(w.tokens))
+    sample = w.sample if end == len(w.tokens) else None
+    return replace(w, tokens=w.tokens[start:end], pos=w.pos + start, sample=sample)

@@ -73,6 +73,7 @@ class LlamaModel:
             raise RuntimeError(f"llama.cpp could not load the model {path}")
         self.vocab = lc.llama_model_get_vocab(self.ptr)
         self.n_ctx_train = lc.llama_model_n_ctx_train(self.ptr)
+        self.n_swa = lc.llama_model_n_swa(self.ptr)  # sliding window of SWA layers (0: none)
 
     def description(self) -> str:
         buf = ctypes.create_string_buffer(256)
