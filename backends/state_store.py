@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import psutil
+from filelock import FileLock
 
 from edgeprefill.runtime.core.resource import Closeable
 
@@ -40,6 +41,10 @@ log = logging.getLogger(__name__)
 MAGIC = b"EPKV"
 FORMAT = 1
 SUFFIX = ".kvstate"
+# Two processes (two assistants) may share one folder. Files appear whole (written aside,
+# then renamed), and a file is read, renamed into place or deleted only under this lock,
+# so one process never evicts a file while the other reads it.
+LOCK_NAME = ".lock"
 
 
 def token_hash(tokens: Sequence[int]) -> str:
@@ -94,6 +99,8 @@ class StateStore(Closeable):
         self._tokens: dict[str, np.ndarray] = {}  # of entries saved by this process
         self._ram_used = 0
         self._folder: Path | None = None
+        self._folder_lock: FileLock | None = None
+        self._folder_seen = 0  # the folder's mtime when its files were last indexed
         self._writes: queue.Queue[str | None] = queue.Queue()
         self._writer: threading.Thread | None = None
         if folder is not None and disk_bytes > 0:
@@ -106,6 +113,7 @@ class StateStore(Closeable):
                 self._disk_failed(f"cannot write the KV cache folder {folder}: {e.strerror}")
             else:
                 self._folder = folder
+                self._folder_lock = FileLock(folder / LOCK_NAME)
                 self._index_folder()
                 self._writer = threading.Thread(
                     target=self._write_loop, name="edgeprefill-kv-writer", daemon=True
@@ -156,6 +164,7 @@ class StateStore(Closeable):
         """The longest stored prefix of `prompt` shorter than it (the last prompt token is
         always computed: its logits give the first output token), checked and ready."""
         arr = np.asarray(prompt, dtype="<i4")
+        self._index_new_files()
         with self._lock:
             lengths = sorted({e.n_tokens for e in self._entries.values()}, reverse=True)
         for n in lengths:
@@ -262,7 +271,8 @@ class StateStore(Closeable):
                 f.write(self._header(entry, tokens, payload))
                 f.write(tokens.tobytes())
                 f.write(memoryview(payload))
-            os.replace(tmp, path)
+            with self._shared():
+                os.replace(tmp, path)
             return True
         except OSError as e:
             tmp.unlink(missing_ok=True)
@@ -283,7 +293,8 @@ class StateStore(Closeable):
             if used <= self.disk_bytes:
                 return
             if self._folder is not None:
-                self._path(key).unlink(missing_ok=True)
+                with self._shared():
+                    self._path(key).unlink(missing_ok=True)
             entry.on_disk = False
             used -= entry.nbytes
             self.stats.evicted_disk += 1
@@ -298,8 +309,32 @@ class StateStore(Closeable):
             pid = tmp.suffix.removeprefix(".tmp")
             if pid.isdigit() and not psutil.pid_exists(int(pid)):
                 tmp.unlink(missing_ok=True)  # its writer is gone; a live one's is left alone
-        files = sorted(self._folder.glob(f"*{SUFFIX}"), key=lambda p: p.stat().st_mtime)
-        for path in files:
+        self._index_new_files()
+
+    def _index_new_files(self) -> None:
+        """Add the files of this identity that are not known yet (another process sharing
+        the folder wrote them), when the folder changed since it was last read."""
+        folder = self._folder
+        if folder is None:
+            return
+        try:
+            changed = folder.stat().st_mtime_ns
+        except OSError:
+            return
+        if changed == self._folder_seen:
+            return
+        self._folder_seen = changed
+        with self._lock:
+            known = {key[:32] for key in self._entries}
+        found = []
+        for path in folder.glob(f"*{SUFFIX}"):
+            if path.stem in known:
+                continue
+            try:
+                found.append((path.stat().st_mtime, path))
+            except OSError:
+                continue  # evicted by another process meanwhile
+        for _, path in sorted(found):
             header = _read_header(path)
             if header is None or header.get("format") != FORMAT:
                 continue
@@ -308,17 +343,31 @@ class StateStore(Closeable):
             key = header["tokens_sha256"]
             if path.name != f"{key[:32]}{SUFFIX}":
                 continue
-            self._entries[key] = _Entry(header["n_tokens"], header["payload_bytes"], on_disk=True)
+            with self._lock:
+                if key not in self._entries:
+                    self._entries[key] = _Entry(
+                        header["n_tokens"], header["payload_bytes"], on_disk=True
+                    )
+                    self._entries.move_to_end(key, last=False)  # no use of it seen here yet
+
+    def _shared(self) -> Any:
+        """The folder's lock (another process may read, rename or delete its files)."""
+        assert self._folder_lock is not None
+        return self._folder_lock
 
     def _read(self, key: str, tokens: np.ndarray) -> np.ndarray | None:
         """The payload of a file, if every check passes; else None, with a warning."""
         if self._folder is None:
             return None
         path = self._path(key)
-        try:
-            data = path.read_bytes()
-        except OSError as e:
-            return self._reject(path, f"cannot be read ({e.strerror})", delete=False)
+        with self._shared():
+            try:
+                data = path.read_bytes()
+                os.utime(path)  # recently used: evicted last
+            except FileNotFoundError:
+                return None  # evicted by another process sharing the folder
+            except OSError as e:
+                return self._reject(path, f"cannot be read ({e.strerror})", delete=False)
         header = _parse_header(data)
         if header is None:
             return self._reject(path, "has no valid header")
@@ -336,14 +385,14 @@ class StateStore(Closeable):
             return self._reject(path, "is truncated")
         if hashlib.sha256(memoryview(payload)).hexdigest() != header.get("payload_sha256"):
             return self._reject(path, "is corrupted (checksum mismatch)")
-        os.utime(path)  # recently used: evicted last
         return payload
 
     def _reject(self, path: Path, why: str, delete: bool = True) -> None:
         log.warning("KV cache: %s %s; computing the prompt instead", path, why)
         self.stats.rejected += 1
         if delete:
-            path.unlink(missing_ok=True)
+            with self._shared():
+                path.unlink(missing_ok=True)
         return None
 
     def clear(self) -> None:
@@ -354,7 +403,8 @@ class StateStore(Closeable):
             for key in keys:
                 entry = self._entries.pop(key)
                 if entry.on_disk and self._folder is not None:
-                    self._path(key).unlink(missing_ok=True)
+                    with self._shared():
+                        self._path(key).unlink(missing_ok=True)
             self._tokens.clear()
             self._ram_used = 0
             self.stats = StoreStats(disk_errors=self.stats.disk_errors)

@@ -152,3 +152,61 @@ def test_a_write_cut_short_by_kill_9_is_removed_at_the_next_start(tmp_path):
     with store(tmp_path) as s:
         assert not half.exists() and live.exists()
         assert s.lookup(DOC + [1]).n_tokens == len(DOC)  # the finished file still loads
+
+
+SHARER = """
+import json, sys, time
+from pathlib import Path
+import numpy as np
+from edgeprefill.backends.state_store import StateStore
+
+folder, me, steps = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+docs = [list(range(k * 1000, k * 1000 + 40 + k)) for k in range(10)]  # both index these
+size = 256 * 1024
+store = StateStore({"model": "m:1"}, ram_bytes=0, disk_bytes=4 * size, folder=folder)
+rng = np.random.default_rng(me)
+hits = 0
+for _ in range(steps):
+    k = int(rng.integers(len(docs)))
+    if rng.random() < 0.4:
+        store.put(docs[k], np.full(size, k, dtype=np.uint8))
+    else:
+        got = store.lookup(docs[k] + [7])
+        if got is not None:
+            assert got.n_tokens == len(docs[k]) and (got.payload == k).all(), "mixed up"
+            hits += got.source == "disk"
+    time.sleep(0.002)  # an assistant between requests: its disk writer catches up
+store.flush()
+print(json.dumps({"hits": hits, "rejected": store.stats.rejected}))
+store.close()
+"""
+
+
+def test_two_processes_sharing_a_folder_never_read_a_half_file_or_lose_one_mid_read(tmp_path):
+    """Two assistants on one KV-state folder, each saving, evicting (a 4-state disk budget)
+    and restoring the same documents: every restore is whole and right, none is refused,
+    and each restores states the other wrote."""
+    import json
+    import subprocess
+    import sys
+
+    folder = tmp_path / "shared"
+    script = tmp_path / "sharer.py"
+    script.write_text(SHARER)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(folder), str(me), "400"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for me in (1, 2)
+    ]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        assert "KV cache:" not in err, err  # no file refused as damaged or unreadable
+        results.append(json.loads(out))
+    assert all(r["rejected"] == 0 and r["hits"] > 0 for r in results), results
+    assert sorted(p.name for p in folder.iterdir() if not p.name.endswith(SUFFIX)) == [".lock"]
