@@ -14,8 +14,8 @@ no flash attention: identical after the abort at cuts 1024, 1100 and 1536 (no wr
 the AVX2-only build at 1100); all four rows differ at 1000 and 2008 (wrap; by up to 1.2-1.3
 natively, 1.4 on the AVX2-only build). With a full-size sliding-window cache (`swa_full`) the
 abort at 2008 is exact too, but that cache made prefill 36% and 3-sequence decodes at 8k
-context 60% slower here (2 rounds, interleaved), so the backend instead stops a wrapping
-micro-batch only at its end.
+context 60% slower here (2 rounds, interleaved), so in exact batching the backend instead
+lets a wrapping micro-batch finish before it stops.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """A chat that arrives while a document is being read stops the document's iteration at
-the next graph node; what finished is kept, nothing else changes (real model)."""
+the next graph node (in exact batching, where the rollback is exact); what finished is
+kept, nothing else changes (real model)."""
 
 from __future__ import annotations
 
@@ -85,8 +86,7 @@ def test_documents_decodes_finish_and_only_their_prompt_work_stops(make_backend)
     """A chat arriving while one document decodes beside another's prompt chunk stops the
     chunk, not the decode: the decode token is kept, the chunk's remainder computed later,
     and both documents end with the outputs of a run never stopped."""
-    # whole micro-batches of 512 without flash attention: the shapes exact everywhere seen
-    be = make_backend(n_ctx=4096, batching="fast", n_ubatch=512, flash_attn=False)
+    be = make_backend(n_ctx=4096, n_ubatch=512, flash_attn=False)  # exact batching
     short, long = tokens(be, 40, 11), tokens(be, 3000, 12)
 
     def pair() -> tuple[Request, Request]:
@@ -111,7 +111,7 @@ def test_documents_decodes_finish_and_only_their_prompt_work_stops(make_backend)
     it = engine.step()
     assert it is not None and it.plan.decode == ("short",) and it.preempted is not None
     assert len(a.output) == 2 and it.sampled == {"short": a.output[-1]}  # the decode kept
-    assert it.preempted["kept"] + it.preempted["lost"] == len(long) - (2048 - len(short))
+    assert it.preempted == {**it.preempted, "kept": 0, "lost": be.settings.n_ubatch}
     assert b.num_computed == be.seq_pos_max(b.seq_id) + 1  # no cells past what is kept
     while engine.has_work:
         engine.step()
@@ -119,42 +119,40 @@ def test_documents_decodes_finish_and_only_their_prompt_work_stops(make_backend)
 
 
 @pytest.mark.parametrize("where", ["before", "wrapping", "first node", "middle node", "last node"])
-def test_an_abort_anywhere_in_a_micro_batch_keeps_greedy_outputs_exact(make_backend, where):
-    """Wherever a chat's arrival lands in a document's chunk, the document ends with the
-    output of a run never stopped: a micro-batch is stopped mid-graph only where
-    llama.cpp's rollback is exact, and one that wraps the sliding-window cache's ring
-    finishes before the stop (it is not asked whether to stop while it computes)."""
-    be = make_backend(n_ctx=4096, batching="fast", n_ubatch=512, flash_attn=False)
-    ring = be.ring.size
-    assert be.ring.n_swa and ring == 1024  # Gemma 3's 512-token window + one micro-batch
-    short, long = tokens(be, 40, 11), tokens(be, 3000, 12)
+def test_an_abort_anywhere_in_a_micro_batch_keeps_exact_outputs_exact(make_backend, where):
+    """In exact batching, wherever a chat's arrival lands in a document's chunk (one
+    micro-batch there), the document ends with the output of a run never stopped: a chunk
+    is stopped mid-graph and recomputed only where llama.cpp's rollback is exact; one that
+    wraps the sliding-window cache's ring is not asked while it computes and finishes."""
+    be = make_backend(n_ctx=4096, n_ubatch=512, flash_attn=False)  # exact batching
+    assert be.settings.exact and be.ring.n_swa and be.ring.size == 1024  # window + micro-batch
+    doc = tokens(be, 1500, 13)
 
-    def run(stop) -> tuple[list[int], dict | None]:
-        engine = Engine(be, UnlimitedPolicy())
-        a = Request("short", "background", 0, short, 2, ignore_eos=True)
-        b = Request("long", "background", 0, long, 4, ignore_eos=True)
-        engine.add(a)
-        engine.add(b)
-        engine.step()  # long's prompt to 2,008: its next micro-batch wraps the ring
-        assert b.num_computed == 2048 - len(short) and not be.ring.abortable(
-            b.seq_id, b.num_computed, 512
-        )
-        engine._abort = stop  # type: ignore[assignment]
-        it = engine.step()
-        engine._abort = StopAfter(10**12)  # type: ignore[assignment]
-        while engine.has_work:
+    def run(stop) -> tuple[list[int], list[dict]]:
+        engine = Engine(be, parse_policy("static:300"))  # pieces at 0, 300, ..., 1200
+        req = Request("doc", "background", 0, doc, 4, ignore_eos=True)
+        engine.add(req)
+        while req.num_computed < 900:
             engine.step()
-        return b.output, it.preempted
+        assert not be.ring.abortable(req.seq_id, 900, 300)  # [900, 1200) wraps at 1024
+        assert be.ring.abortable(req.seq_id, 1200, 300)
+        engine._abort = stop  # type: ignore[assignment]
+        stops = []
+        while engine.has_work:
+            it = engine.step()
+            if it is not None and it.preempted:
+                stops.append({**it.preempted, "at": req.num_computed})
+        return req.output, stops
 
     reference, never = run(StopAfter(10**12))
-    assert never is None
+    assert never == []
     nodes = nodes_per_micro_batch(be, seq_id=7) - 1  # less the ask before it starts
-    # The flag is read once before each micro-batch, not during the wrapping one, and at
+    # The flag is read before each chunk, not while the wrapping one computes, and after
     # every graph node of the next.
     asks = {"before": 0, "wrapping": 1, "first node": 2, "middle node": 2 + nodes // 2}
-    output, preempted = run(StopAfter(asks.get(where, 2 + nodes - 1)))
-    assert preempted is not None
-    assert preempted["kept"] == (0 if where == "before" else 512)
+    output, stops = run(StopAfter(asks.get(where, 2 + nodes - 1)))
+    at = 900 if where == "before" else 1200
+    assert [(s["kept"], s["lost"], s["at"]) for s in stops] == [(0, 300, at)]
     assert output == reference
 
 

@@ -11,13 +11,14 @@ import threading
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack, closing
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import llama_cpp as lc
 
 from edgeprefill.backends.cache import kv_cache_dir
+from edgeprefill.backends.llamacpp.memory import KvFootprint, check_fits
 from edgeprefill.backends.llamacpp.model_file import check_model_file
 from edgeprefill.backends.llamacpp.native import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler
 from edgeprefill.backends.llamacpp.prefix_cache import LlamaPrefixCache
@@ -133,6 +134,7 @@ class LlamaCppBackend(Backend):
                 overrides=config.overrides,
                 work=config.expected_work,
             )
+            self._check_memory()
             self.ctx = self._stack.enter_context(closing(self._context()))
             self.ring = SwaRing.of(
                 self.model.n_swa, self.ctx.n_ctx_seq, self.settings.n_ubatch, config.kv_unified
@@ -174,6 +176,13 @@ class LlamaCppBackend(Backend):
                 f"({model.n_ctx_train}); use `n_ctx` {model.n_ctx_train} or less"
             )
         return model
+
+    def _check_memory(self) -> None:
+        c = self.config
+        need = KvFootprint.measure(self.model).bytes_for(
+            c.n_ctx, c.n_seq_max, self.settings.n_ubatch, self.model.n_swa, c.kv_unified
+        )
+        check_fits(need, c.n_ctx, c.n_seq_max, c.kv_unified)
 
     def _context(self) -> LlamaContext:
         c = self.config
@@ -223,19 +232,15 @@ class LlamaCppBackend(Backend):
         kernels than the same token in its chunk. The groups are the ubatches llama.cpp
         would have run anyway, plus the passes that splitting decode groups adds.
 
-        With an `abort` flag the prompt chunks go one micro-batch per `llama_decode` (the
-        split llama.cpp makes inside one call), so each is stopped mid-graph only where its
-        rollback is exact (`SwaRing`) and otherwise at its end."""
+        With an `abort` flag, read before each chunk and, while one computes, after every
+        graph node. In exact batching (a chunk is one micro-batch there) only where the
+        rollback is exact (`SwaRing`); another chunk finishes first."""
         decodes = sorted((w for w in work if w.is_decode), key=lambda w: w.seq_id)
         chunks = [w for w in work if not w.is_decode]
         step = self.settings.max_decode_group or max(len(decodes), 1)
         groups = [decodes[i : i + step] for i in range(0, len(decodes), step)]
-        first_prompt = len(groups)
-        if abort is None:
-            groups += [[c] for c in chunks]
-        else:
-            n = self.settings.n_ubatch
-            groups += [[micro_batch(c, i, n)] for c in chunks for i in range(0, len(c.tokens), n)]
+        first_chunk = len(groups)
+        groups += [[c] for c in chunks]
         self.batch.fill([w for g in groups for w in g])
         for w in chunks:
             self.ring.placed(w.seq_id, w.pos)
@@ -244,11 +249,13 @@ class LlamaCppBackend(Backend):
         start = 0
         try:
             for k, group in enumerate(groups):
-                if abort is not None and k >= first_prompt:
+                if abort is not None and k >= first_chunk:
                     if abort.is_set():  # the decodes are done and sampled: stop here
                         return StepResult(duration, sampled, self._kept(chunks))
                     (w,) = group
-                    exact = self.ring.abortable(w.seq_id, w.pos, len(w.tokens))
+                    exact = not self.settings.exact or self.ring.abortable(
+                        w.seq_id, w.pos, len(w.tokens)
+                    )
                     self.ctx.arm_abort(abort if exact else None)
                 n = sum(len(w.tokens) for w in group)
                 t0 = time.perf_counter()
@@ -337,10 +344,3 @@ class LlamaCppBackend(Backend):
 
     def close(self) -> None:
         self._stack.close()
-
-
-def micro_batch(w: SeqWork, start: int, n_ubatch: int) -> SeqWork:
-    """Tokens [start, start + n_ubatch) of a prompt chunk, sampling only if they end it."""
-    end = min(start + n_ubatch, len(w.tokens))
-    sample = w.sample if end == len(w.tokens) else None
-    return replace(w, tokens=w.tokens[start:end], pos=w.pos + start, sample=sample)

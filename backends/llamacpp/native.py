@@ -10,7 +10,8 @@ from __future__ import annotations
 import ctypes
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ _last_level = 0
 # not shown while the abort callback is armed.
 _ABORTED = ("failed with error 1", "compute status: 1", "failed to decode, ret = 2")
 _armed = False
+_captured: list[str] | None = None  # every message, while `captured_log` is active
 
 
 @lc.llama_log_callback
@@ -37,6 +39,8 @@ def _log_errors_only(level: int, text: bytes, user_data: ctypes.c_void_p) -> Non
     if level != _GGML_LOG_CONT:
         _last_level = level
     message = text.decode(errors="replace")
+    if _captured is not None:
+        _captured.append(message)
     if _last_level >= _GGML_LOG_ERROR and not (_armed and any(a in message for a in _ABORTED)):
         sys.stderr.write(message)
 
@@ -48,6 +52,19 @@ def init_llama() -> None:
         lc.llama_log_set(_log_errors_only, ctypes.c_void_p(0))
         lc.llama_backend_init()
         _initialised = True
+
+
+@contextmanager
+def captured_log() -> Iterator[list[str]]:
+    """llama.cpp's messages of every level while the block runs (what it reports only in
+    its log, such as the sizes of the KV caches it allocates)."""
+    global _captured
+    init_llama()
+    _captured = lines = []
+    try:
+        yield lines
+    finally:
+        _captured = None
 
 
 def cpu_has_amx() -> bool:

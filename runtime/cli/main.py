@@ -257,11 +257,23 @@ def _policy_lists(policies: str, baselines: str | None) -> tuple[list[str], list
     return names, bases
 
 
+class _ConsoleHandler(logging.StreamHandler):
+    """Warnings to whatever stderr is now (a caller may have redirected it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter("edgeprefill: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
 def main() -> None:
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("edgeprefill: %(message)s"))
-    logging.getLogger("edgeprefill").addHandler(handler)
-    logging.getLogger("edgeprefill").setLevel(logging.INFO)
+    log = logging.getLogger("edgeprefill")
+    if not any(isinstance(h, _ConsoleHandler) for h in log.handlers):
+        log.addHandler(_ConsoleHandler())
+    log.setLevel(logging.INFO)
     try:
         cli.main(standalone_mode=False)
     except UserError as e:

@@ -1,0 +1,72 @@
+"""Refuse a KV cache that does not fit in memory before llama.cpp allocates it.
+
+llama.cpp clears its KV buffers as it creates them, so a context larger than free memory
+is not refused: the process is OOM-killed, or the machine swaps. The bytes per cell depend
+on the model (layers, KV heads, head size, which layers keep only a sliding window), and
+llama.cpp states them only in its log, so a 1,024-cell context is created once and its
+report read.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import psutil
+
+from edgeprefill.backends.llamacpp.native import LlamaContext, LlamaModel, captured_log
+from edgeprefill.backends.llamacpp.swa_ring import SwaRing
+from edgeprefill.runtime.core.errors import UserError
+
+_CACHE = re.compile(r"creating\s+(non-SWA|SWA) KV cache")
+_SIZE = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells")
+PROBE_CELLS = 1024
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class KvFootprint:
+    full_bytes: float  # per cell, over the layers that attend to the whole context
+    window_bytes: float  # per cell, over the sliding-window layers
+
+    @classmethod
+    def measure(cls, model: LlamaModel) -> KvFootprint:
+        with captured_log() as lines:
+            ctx = LlamaContext(
+                model, n_ctx=PROBE_CELLS, n_batch=64, n_ubatch=64, n_seq_max=1, n_threads=1
+            )
+            ctx.close()
+        per_cell = {"non-SWA": 0.0, "SWA": 0.0}
+        kind = "non-SWA"  # a model without sliding-window layers has one cache
+        for line in lines:
+            if m := _CACHE.search(line):
+                kind = m.group(1)
+            elif m := _SIZE.search(line):
+                per_cell[kind] = float(m.group(1)) * (1 << 20) / int(m.group(2))
+        if not per_cell["non-SWA"] and not per_cell["SWA"]:
+            raise RuntimeError("llama.cpp did not report its KV cache size")
+        return cls(per_cell["non-SWA"], per_cell["SWA"])
+
+    def bytes_for(
+        self, n_ctx: int, n_seq_max: int, n_ubatch: int, n_swa: int, unified: bool
+    ) -> float:
+        """The KV cache of a context of `n_seq_max` sequences of `n_ctx` cells each, or of
+        one pool of `n_ctx` cells shared by all (`unified`)."""
+        streams, window = (1, n_swa * n_seq_max) if unified else (n_seq_max, n_swa)
+        ring = SwaRing.of(window, n_ctx, n_ubatch, unified).size if n_swa else n_ctx
+        return streams * (self.full_bytes * n_ctx + self.window_bytes * ring)
+
+
+def check_fits(need: float, n_ctx: int, n_seq_max: int, unified: bool) -> None:
+    """Refuse, in one line with the numbers and the fix, a KV cache over the memory that
+    is available now (the model is already loaded)."""
+    available = psutil.virtual_memory().available
+    if need <= available:
+        return
+    what = f"{n_ctx:,} cells" + ("" if unified else f" x {n_seq_max} sequences")
+    fits = int(n_ctx * available / need) // 256 * 256  # about linear in n_ctx
+    fix = f"--n-ctx {fits} or less" if fits >= 256 else "a smaller --n-ctx or --n-seq-max"
+    raise UserError(
+        f"the KV cache needs {need / GIB:.1f} GiB ({what}) but {available / GIB:.1f} GiB of "
+        f"memory is available: use {fix}, or free memory"
+    )
