@@ -179,10 +179,10 @@ class LlamaCppBackend(Backend):
 
     def _check_memory(self) -> None:
         c = self.config
-        need = KvFootprint.measure(self.model).bytes_for(
-            c.n_ctx, c.n_seq_max, self.settings.n_ubatch, self.model.n_swa, c.kv_unified
+        footprint = KvFootprint.measure(self.model)
+        check_fits(
+            footprint, c.n_ctx, c.n_seq_max, self.settings.n_ubatch, self.model.n_swa, c.kv_unified
         )
-        check_fits(need, c.n_ctx, c.n_seq_max, c.kv_unified)
 
     def _context(self) -> LlamaContext:
         c = self.config

@@ -57,16 +57,22 @@ class KvFootprint:
         return streams * (self.full_bytes * n_ctx + self.window_bytes * ring)
 
 
-def check_fits(need: float, n_ctx: int, n_seq_max: int, unified: bool) -> None:
+def check_fits(
+    footprint: KvFootprint, n_ctx: int, n_seq_max: int, n_ubatch: int, n_swa: int, unified: bool
+) -> None:
     """Refuse, in one line with the numbers and the fix, a KV cache over the memory that
     is available now (the model is already loaded)."""
+
+    def need(cells: int) -> float:
+        return footprint.bytes_for(cells, n_seq_max, n_ubatch, n_swa, unified)
+
     available = psutil.virtual_memory().available
-    if need <= available:
+    if need(n_ctx) <= available:
         return
+    fits = next((c for c in range(n_ctx // 256 * 256, 0, -256) if need(c) <= available), 0)
+    fix = f"--n-ctx {fits} or less" if fits else "a smaller --n-seq-max"
     what = f"{n_ctx:,} cells" + ("" if unified else f" x {n_seq_max} sequences")
-    fits = int(n_ctx * available / need) // 256 * 256  # about linear in n_ctx
-    fix = f"--n-ctx {fits} or less" if fits >= 256 else "a smaller --n-ctx or --n-seq-max"
     raise UserError(
-        f"the KV cache needs {need / GIB:.1f} GiB ({what}) but {available / GIB:.1f} GiB of "
-        f"memory is available: use {fix}, or free memory"
+        f"the KV cache needs {need(n_ctx) / GIB:.1f} GiB ({what}) but {available / GIB:.1f} "
+        f"GiB of memory is available: use {fix}, or free memory"
     )

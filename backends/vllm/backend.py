@@ -63,6 +63,33 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def _check_memory(settings: VllmSettings, on_gpu: bool) -> None:
+    """Refuse a `--kv-cache-gib` that cannot fit beside the weights before vLLM allocates
+    it: on a CPU it would be OOM-killed, not refused. Without it vLLM sizes the cache from
+    the memory it finds itself."""
+    if settings.kv_cache_gib is None:
+        return
+    weights = sum(
+        f.stat().st_size for f in settings.model.iterdir() if f.suffix in (".safetensors", ".bin")
+    )
+    if on_gpu:
+        import torch
+
+        available, where = torch.cuda.mem_get_info()[0] * settings.tensor_parallel_size, "GPU"
+    else:
+        import psutil
+
+        available, where = psutil.virtual_memory().available, "system"
+    need = settings.kv_cache_gib * 2**30 + weights
+    if need > available:
+        fits = max((available - weights) / 2**30, 0)
+        raise UserError(
+            f"--kv-cache-gib {settings.kv_cache_gib:g} plus the weights ({weights / 2**30:.1f} "
+            f"GiB) needs {need / 2**30:.1f} GiB but {available / 2**30:.1f} GiB of {where} "
+            f"memory is available: use --kv-cache-gib {fits:.1f} or less"
+        )
+
+
 def _set_threads(n_threads: int | None) -> None:
     """An in-process engine core (the driver reads the scheduler's step records directly),
     offline, with the threads asked for: vLLM's CPU build cuts torch to one thread unless
@@ -142,6 +169,7 @@ class VllmBackend(Closeable):
                 f"--tensor-parallel-size {settings.tensor_parallel_size} needs NVIDIA GPUs "
                 "and none is visible; drop it on a CPU"
             )
+        _check_memory(settings, on_gpu)
         self.settings = settings
         _set_threads(settings.n_threads)
         from vllm.v1.engine.llm_engine import LLMEngine
