@@ -10,13 +10,14 @@ import copy
 import io
 import json
 import math
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import HealthCheck, event, given, seed, settings
 from hypothesis import strategies as st
 
 from edgeprefill.runtime.cli.main import main
@@ -62,18 +63,30 @@ def sim(tmp_path_factory) -> Path:
     return folder
 
 
+class Hung(Exception):
+    """A case that neither failed nor finished in time (a loop that never ends)."""
+
+
+def _hung(signum: int, frame: Any) -> None:
+    raise Hung("no result within 60 s")
+
+
 def run_cli(args: list[str]) -> tuple[int, str, str]:
     """`edgeprefill ARGS` in this process (a subprocess per case would take an hour)."""
     out, err = io.StringIO(), io.StringIO()
     argv = sys.argv
     sys.argv = ["edgeprefill", *args]
     code: Any = 0
+    previous = signal.signal(signal.SIGALRM, _hung)
+    signal.alarm(60)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             main()
     except SystemExit as e:
         code = e.code
     finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
         sys.argv = argv
     return code or 0, out.getvalue(), err.getvalue()
 
@@ -84,6 +97,7 @@ def check(args: list[str], sim: Path, out: Path) -> None:
          "--no-progress", "--out", str(out)]
     )  # fmt: skip
     assert "Traceback" not in stderr + stdout, stderr
+    event("ran" if code == 0 else "refused")
     if code == 0:
         summary = json.loads((out / "summary.json").read_text())
         assert summary["accounting"]["reconciled"], summary["accounting"]

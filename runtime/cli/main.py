@@ -49,7 +49,9 @@ def cli() -> None:
         default=None,
         help="results folder [default: results/WORKLOAD-POLICY-TIME]",
     ),
-    click.option("--seed", type=int, default=None, help="override the workload's seed"),
+    click.option(
+        "--seed", type=click.IntRange(min=0), default=None, help="override the workload's seed"
+    ),
 )
 @device_options()
 def run(workload: Path, policy_spec: str, out: Path | None, seed: int | None, **o: Any) -> None:
@@ -277,7 +279,8 @@ def main() -> None:
     try:
         cli.main(standalone_mode=False)
     except UserError as e:
-        click.echo(f"edgeprefill: error: {as_flags(str(e))}", err=True)
+        # one line, whatever a library's message held
+        click.echo(f"edgeprefill: error: {' '.join(as_flags(str(e)).split())}", err=True)
         sys.exit(2)
     except click.exceptions.NoArgsIsHelpError as e:
         click.echo(e.format_message(), err=True)

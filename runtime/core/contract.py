@@ -39,7 +39,7 @@ class Capacity:
 
     def __post_init__(self) -> None:
         values = (self.n_batch, self.n_ctx, self.n_seq_max, self.n_ctx_seq, self.min_chunk)
-        if min(*values, self.chunk_quantum) < 1:
+        if min(*values, self.chunk_quantum, self.max_chunk or 1) < 1:
             raise ValueError(f"capacity values must be positive: {self}")
 
 

@@ -321,8 +321,8 @@ def load_workload(path: Path) -> Workload:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise UserError(f"{path}:{where}: not valid YAML: {problem}") from None
+        problem = " ".join((getattr(e, "problem", None) or str(e)).split())
+        raise UserError(f"{path}{where}: not valid YAML: {problem}") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: a workload is a YAML mapping with name, seed and streams")
     try:

@@ -20,6 +20,10 @@ def open_sim(o: Options, work: ExpectedWork | None) -> Iterator[Opened]:
     from edgeprefill.runtime.runner.calibration import load_profile, load_residuals
 
     profile = load_profile(o["cost_model"])
+    if o["n_ubatch"] is not None and not 1 <= o["n_ubatch"] <= o["n_batch"]:
+        raise UserError(
+            f"`n_ubatch` must be between 1 and `n_batch` ({o['n_batch']}), got {o['n_ubatch']}"
+        )
     n_ctx = o["n_ctx"] * (1 if o["kv_unified"] else o["n_seq_max"])
     try:
         capacity = Capacity(
