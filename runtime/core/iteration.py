@@ -39,6 +39,10 @@ class Iteration:
             "n_prefill": self.plan.n_prefill,
             "n_prefill_foreground": self.prefill_by_class.get("foreground", 0),
             "n_prefill_background": self.prefill_by_class.get("background", 0),
+            # The forward pass's own composition, which the cost model is fitted to: a
+            # prompt's last piece of one token is computed as a decode row.
+            "rows_decode": self.timing.n_decode,
+            "rows_prefill": self.timing.n_prefill,
             "n_chunks": self.timing.n_chunks,
             # which requests rode it, so a run can be traced request by request
             "decode": list(self.plan.decode),

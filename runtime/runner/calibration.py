@@ -125,7 +125,10 @@ def profile_from_run(run_dir: Path) -> DeviceProfile:
     for line in lines:
         rec = json.loads(line)
         if rec.get("error") is None:
-            timings.append(IterationTiming(**{k: rec[k] for k in fields if k in rec}))
+            values = {k: rec[k] for k in fields if k in rec}
+            if "rows_decode" in rec:  # the pass's rows, not the plan's requests
+                values |= {"n_decode": rec["rows_decode"], "n_prefill": rec["rows_prefill"]}
+            timings.append(IterationTiming(**values))
     try:
         cost = CostModel.fit(timings)
     except ValueError as e:
