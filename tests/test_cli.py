@@ -251,6 +251,39 @@ def test_ctrl_c_or_sigterm_keeps_finished_work_and_marks_the_run_interrupted(tmp
     assert summary["accounting"]["not_arrived"] + len(requests) == 33
 
 
+def test_sigterm_during_compare_keeps_finished_runs_and_marks_the_stopped_one(
+    tmp_path, kv_cache_folder
+):
+    out = tmp_path / "cmp"
+    wl = small_workload(tmp_path, chats=30, docs=3, doc_tokens=3000)
+    proc = subprocess.Popen(
+        [*CLI, "compare", str(wl), "--policies", "static:64,unlimited", "--seeds", "1",
+         "--out", str(out), "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    first, second = out / "seed7" / "static_64", out / "seed7" / "unlimited"
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline:  # the first run done, the second under way
+        if (second / "requests.jsonl").exists() and (second / "requests.jsonl").read_text():
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "Traceback" not in stderr and "interrupted during seed 7, unlimited" in stderr
+    whole = json.loads((first / "summary.json").read_text())
+    stopped = json.loads((second / "summary.json").read_text())
+    assert not whole["interrupted"] and whole["completed"] == 33
+    assert stopped["interrupted"] and stopped["accounting"]["reconciled"]
+    report = json.loads((out / "comparison.json").read_text())
+    assert report == {
+        "interrupted": True,
+        "stopped_during": "seed 7, unlimited",
+        "finished_runs": [str(first)],
+    }
+    assert not list(kv_cache_folder.glob("*.tmp*"))  # no half-written saved prefix
+
+
 def test_calibrate_a_real_run_then_simulate_and_compare_on_it(tmp_path):
     real = tmp_path / "real"
     assert (

@@ -140,3 +140,65 @@ def test_asking_about_an_indexed_document_computes_only_the_question(make_backen
     assert req.prompt[:kept] == doc.request.prompt[:kept]  # the document, token for token
     assert req.record()["prefilled_tokens"] == req.prompt_len - req.prefix_reused_tokens
     assert req.restore_s is not None and len(req.output) == 8
+
+
+ASSISTANT = """
+import sys, time
+from pathlib import Path
+from edgeprefill.backends.bundled_model import default_model_path
+from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
+from edgeprefill.backends.llamacpp.probe import plain_tokens
+from edgeprefill.runtime import Runtime
+
+out = Path(sys.argv[1])
+with LlamaCppBackend(LlamaCppConfig(model=default_model_path(), n_ctx=8192)) as be:
+    rt = Runtime(be, "static:64", results=out)
+    chat = rt.chat([{"role": "user", "content": "Hello."}], max_tokens=4, ignore_eos=True)
+    chat.result(timeout=120)
+    docs = [rt.index(plain_tokens(be.model, 6000)[k:], max_tokens=8) for k in (0, 7)]
+    print("shutting down", flush=True)
+    try:
+        rt.shutdown()  # waits for both documents: minutes on a CPU
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        sys.exit(130)
+    print("finished", flush=True)
+"""
+
+
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_a_signal_during_shutdown_keeps_finished_requests_and_marks_the_run(
+    tmp_path, kv_cache_folder, signum
+):
+    """An assistant stopped (Ctrl-C, or the OS's SIGTERM) while its runtime waits for the
+    indexer at shutdown: the finished chat is kept, the documents fail with "interrupted",
+    the summary says interrupted, and no half-written file is left in the KV-state folder."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "assistant.py"
+    script.write_text(ASSISTANT)
+    out = tmp_path / "results"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "shutting down\n"
+    time.sleep(2)  # into the documents' prompts
+    sent = time.monotonic()
+    proc.send_signal(getattr(signal, signum))
+    stdout, stderr = proc.communicate(timeout=120)
+    took = time.monotonic() - sent
+    expected = 130 if signum == "SIGINT" else -signal.SIGTERM
+    assert proc.returncode == expected, stderr
+    assert "Traceback" not in stderr and "finished" not in stdout
+    assert took < 20  # the stop did not wait for the documents (minutes)
+    summary = json.loads((out / "summary.json").read_text())
+    requests = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert summary["interrupted"] and summary["accounting"]["reconciled"]
+    assert [r["error"] for r in requests] == [None, "interrupted", "interrupted"]
+    assert not list(kv_cache_folder.glob("*.tmp*"))

@@ -60,6 +60,9 @@ class LlamaPrefixCache:
         self.store.clear()
         self.save_s.clear()
 
+    def flush(self) -> None:
+        self.store.flush()
+
     def describe(self) -> dict[str, Any]:
         saves = self.save_s
         return {

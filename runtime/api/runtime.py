@@ -17,7 +17,10 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
+import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -70,6 +73,8 @@ class Runtime:
         self._ids = itertools.count()
         self._ids_lock = threading.Lock()
         self._closed = False
+        self._interrupted = False  # a signal stopped the shutdown's wait
+        self._stopped = threading.Event()  # the engine thread's last act
         self._thread = threading.Thread(target=self._loop, name="edgeprefill-engine", daemon=True)
         self._thread.start()
 
@@ -183,13 +188,33 @@ class Runtime:
     # --- shutting down ------------------------------------------------------------------
     def shutdown(self, *, cancel: bool = False, timeout: float | None = None) -> None:
         """Stop accepting requests; finish what is in flight (or cancel it), then stop the
-        engine thread and write the summary when results are kept."""
+        engine thread and write the summary when results are kept.
+
+        Ctrl-C or SIGTERM while it waits (on the main thread) stops the work in flight at
+        once instead: those requests fail with reason "interrupted", the summary is
+        written marked interrupted, saved prefixes reach the disk whole, and then the
+        signal goes on to the handler the program had (KeyboardInterrupt for Ctrl-C)."""
         if not self._closed:
             self._closed = True
-            self._commands.put(("stop", cancel))
-        self._thread.join(timeout)
-        if self._thread.is_alive():
+            self._commands.put(("stop", "cancelled at shutdown" if cancel else None))
+        # Waits on an event, not Thread.join: a join interrupted by a signal marks the
+        # thread stopped while it still runs (CPython's bpo-45274 handling).
+        signum = None
+        with _signals_raise():
+            try:
+                self._stopped.wait(timeout)
+            except _Signalled as s:
+                signum = s.signum
+        if signum is not None:
+            self._interrupted = True
+            self._commands.put(("stop", "interrupted"))
+            self.engine.preempt()  # a document's prompt pass stops at its next graph node
+            self._stopped.wait()
+            signal.raise_signal(signum)
+            return
+        if not self._stopped.is_set():
             raise TimeoutError(f"the engine thread did not stop within {timeout} s")
+        self._thread.join()
 
     def __enter__(self) -> Runtime:
         return self
@@ -226,7 +251,10 @@ class Runtime:
                 self._ended(req)
             raise
         finally:
-            self._finish()
+            try:
+                self._finish()
+            finally:
+                self._stopped.set()
 
     def _drain(self, block: bool) -> bool:
         """Apply queued commands; True once a stop was asked for."""
@@ -246,8 +274,8 @@ class Runtime:
                     self._ended(arg)
             elif kind == "stop":
                 stop = True
-                if arg:
-                    for req in self.engine.abort("cancelled at shutdown"):
+                if arg is not None:  # why the requests in flight end now
+                    for req in self.engine.abort(arg):
                         self._ended(req)
 
     def _ended(self, req: Request) -> None:
@@ -258,6 +286,8 @@ class Runtime:
             handle._end()
 
     def _finish(self) -> None:
+        if self.backend.prefix_cache is not None:
+            self.backend.prefix_cache.flush()  # no prefix left half-written
         if self._writer is not None:
             meta = {
                 "backend": self.backend.describe(),
@@ -265,5 +295,31 @@ class Runtime:
                 "workload": {"name": "runtime", "path": None},
             }
             now = self.engine.clock.now()
-            self._writer.write_summary(self._writer.summary(meta, now, False, 0))
+            summary = self._writer.summary(meta, now, self._interrupted, 0)
+            self._writer.write_summary(summary)
             self._writer.close()
+
+
+class _Signalled(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def _signals_raise() -> Iterator[None]:
+    """While the block runs on the main thread, SIGINT and SIGTERM raise `_Signalled`
+    (elsewhere Python delivers no signals, and nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise _Signalled(signum)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)

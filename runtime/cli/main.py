@@ -186,7 +186,12 @@ def _compare(rates: list[float] | None, o: dict[str, Any]) -> None:
     import json
 
     from edgeprefill.runtime.analysis.compare import format_report, format_sweep
-    from edgeprefill.runtime.runner.comparison import Comparison, run_comparison, run_sweep
+    from edgeprefill.runtime.runner.comparison import (
+        Comparison,
+        ComparisonInterrupted,
+        run_comparison,
+        run_sweep,
+    )
     from edgeprefill.runtime.traffic.expected import expected_work
     from edgeprefill.runtime.traffic.workload import load_workload
 
@@ -197,18 +202,28 @@ def _compare(rates: list[float] | None, o: dict[str, Any]) -> None:
     kind = "compare" if rates is None else "sweep"
     out = out or Path("results") / f"{kind}-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     options = run_options(o, progress=None if rates is None else False)
+    path = out / ("comparison.json" if rates is None else "sweep.json")
     with open_device(o, expected_work(spec)) as (make_backend, profile):
         c = Comparison(
             spec, workload, names, bases, seeds, make_backend, profile, out, options,
             simulated=o["backend"] == "sim",
         )  # fmt: skip
-        if rates is None:
-            report, checks = run_comparison(c)
-            text = format_report(report, checks)
-        else:
-            report = run_sweep(c, rates)
-            text = format_sweep(report)
-    path = out / ("comparison.json" if rates is None else "sweep.json")
+        try:
+            if rates is None:
+                report, checks = run_comparison(c)
+                text = format_report(report, checks)
+            else:
+                report = run_sweep(c, rates)
+                text = format_sweep(report)
+        except ComparisonInterrupted as e:
+            stopped = {"interrupted": True, "stopped_during": e.where, "finished_runs": e.finished}
+            path.write_text(json.dumps(stopped, indent=2) + "\n")
+            click.echo(
+                f"{kind} {e}: the {len(e.finished)} finished runs and the interrupted one are "
+                f"in {out} ({path.name} says which)",
+                err=True,
+            )
+            sys.exit(128 + e.signum)  # as a shell reports it
     path.write_text(json.dumps(report, indent=2) + "\n")
     click.echo(text)
     click.echo(f"{'comparison' if rates is None else 'sweep'}: {path}")

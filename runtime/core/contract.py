@@ -145,6 +145,10 @@ class PrefixCache(Protocol):
         """Forget every kept prefix (a replay that must start from nothing)."""
         ...
 
+    def flush(self) -> None:
+        """Return once every kept prefix queued for disk is written (or given up)."""
+        ...
+
     def describe(self) -> dict[str, Any]: ...
 
 

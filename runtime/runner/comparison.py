@@ -28,6 +28,15 @@ from edgeprefill.runtime.traffic.workload import Workload
 log = logging.getLogger(__name__)
 
 
+class ComparisonInterrupted(Exception):
+    """Ctrl-C or SIGTERM stopped one of the runs: the runs before it are whole, that one is
+    written and marked interrupted, none after it started."""
+
+    def __init__(self, where: str, signum: int, finished: list[str]) -> None:
+        super().__init__(f"interrupted during {where}")
+        self.where, self.signum, self.finished = where, signum, finished
+
+
 @dataclass(frozen=True)
 class Comparison:
     """What `compare` and `sweep` share: the workload, the policies, the paired trials and
@@ -119,8 +128,10 @@ def run_comparison(c: Comparison) -> tuple[dict[str, Any], list[str]]:
                 profile=c.profile, seed=seed, options=c.options,
             )  # fmt: skip
             if result.outcome.interrupted:
-                raise UserError(
-                    f"interrupted during seed {seed}, {name}; finished runs are in {c.out}"
+                finished = [str(p.parent) for p in sorted(c.out.glob("*/*/summary.json"))]
+                finished.remove(str(out))
+                raise ComparisonInterrupted(
+                    f"seed {seed}, {name}", result.outcome.signal or 2, finished
                 )
             summaries[name].append(result.summary)
             records[name] = [r.record() for r in result.requests]
