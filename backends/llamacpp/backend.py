@@ -6,6 +6,7 @@ completed forward pass (not the host's cadence, which is what made DLFP fail on 
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -32,6 +33,7 @@ from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.request import SamplingParams
 from edgeprefill.runtime.core.work import ExpectedWork
 
+log = logging.getLogger(__name__)
 LLAMA_MAX_SEQ = 256  # llama.h: sequences one context can hold
 
 
@@ -180,6 +182,9 @@ class LlamaCppBackend(Backend):
     def _check_memory(self) -> None:
         c = self.config
         footprint = KvFootprint.measure(self.model)
+        if footprint is None:
+            log.warning("llama.cpp did not report its KV cache size: memory is not checked")
+            return
         check_fits(
             footprint, c.n_ctx, c.n_seq_max, self.settings.n_ubatch, self.model.n_swa, c.kv_unified
         )

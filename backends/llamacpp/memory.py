@@ -30,7 +30,8 @@ class KvFootprint:
     window_bytes: float  # per cell, over the sliding-window layers
 
     @classmethod
-    def measure(cls, model: LlamaModel) -> KvFootprint:
+    def measure(cls, model: LlamaModel) -> KvFootprint | None:
+        """None where this llama.cpp's log does not say (another build's wording)."""
         with captured_log() as lines:
             ctx = LlamaContext(
                 model, n_ctx=PROBE_CELLS, n_batch=64, n_ubatch=64, n_seq_max=1, n_threads=1
@@ -44,7 +45,7 @@ class KvFootprint:
             elif m := _SIZE.search(line):
                 per_cell[kind] = float(m.group(1)) * (1 << 20) / int(m.group(2))
         if not per_cell["non-SWA"] and not per_cell["SWA"]:
-            raise RuntimeError("llama.cpp did not report its KV cache size")
+            return None
         return cls(per_cell["non-SWA"], per_cell["SWA"])
 
     def bytes_for(
