@@ -66,6 +66,7 @@ ALLOWED = {
         "runtime.runner.calibration",
         "runtime.api",
     ],
+    "runtime/server": ["runtime.core", "runtime.policies", "runtime.api", "runtime.server"],
     "runtime/runner": [
         "runtime.core",
         "runtime.policies",

@@ -19,7 +19,7 @@ import logging
 import queue
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -29,6 +29,7 @@ from edgeprefill.runtime.api.handle import RequestHandle
 from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.contract import Backend
 from edgeprefill.runtime.core.engine import Engine
+from edgeprefill.runtime.core.iteration import Iteration
 from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.request import (
     DEFAULT_TTFT_SLOWDOWN,
@@ -57,17 +58,22 @@ class Runtime:
         profile: DeviceProfile | Literal["probe"] | None = "probe",
         limits: BackgroundLimits | None = None,
         results: Path | None = None,
+        on_iteration: Callable[[Iteration], None] | None = None,
+        on_end: Callable[[Request], None] | None = None,
     ) -> None:
         """`profile`: the device profile a policy takes its defaults from ("probe": measured
         now, a few seconds, where the policy needs one). `results`: a folder that gets
         `requests.jsonl` and `iterations.jsonl` as the run goes and `summary.json` at
-        shutdown, as `edgeprefill run` writes them."""
+        shutdown, as `edgeprefill run` writes them. `on_iteration` and `on_end` are called
+        on the engine thread with each iteration and each request that ended (a server's
+        metrics); they must be quick."""
         self.backend = backend
         self.policy = parse_policy(policy) if isinstance(policy, str) else policy
         if profile == "probe":
             profile = probe_device(backend) if self.policy.required else None
         self.engine = Engine(backend, self.policy, limits=limits, profile=profile)
         self._writer = RunWriter(results) if results is not None else None
+        self._on_iteration, self._on_end = on_iteration, on_end
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._handles: dict[str, RequestHandle] = {}
         self._ids = itertools.count()
@@ -241,6 +247,8 @@ class Runtime:
                     continue
                 if self._writer is not None:
                     self._writer.iteration(it)
+                if self._on_iteration is not None:
+                    self._on_iteration(it)
                 for rid, token in it.sampled.items():
                     self._handles[rid]._token(token)
                 for req in it.finished:
@@ -281,6 +289,8 @@ class Runtime:
     def _ended(self, req: Request) -> None:
         if self._writer is not None:
             self._writer.request(req)
+        if self._on_end is not None:
+            self._on_end(req)
         handle = self._handles.pop(req.id, None)
         if handle is not None:
             handle._end()

@@ -87,6 +87,52 @@ def run(workload: Path, policy_spec: str, out: Path | None, seed: int | None, **
 
 
 @cli.command()
+@cloup.option_group(
+    "Serve",
+    click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on"),
+    click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True),
+    click.option(
+        "--api-key", default=None, help="require 'Authorization: Bearer KEY' (all but /health)"
+    ),
+    click.option(
+        "--policy", "policy_spec", default=DEFAULT_POLICY, show_default=True,
+        help="prefill budget policy, as for `run`",
+    ),
+    click.option(
+        "--served-model-name", default=None, help="the model id clients send [default: file name]"
+    ),
+)  # fmt: skip
+@device_options()
+def serve(
+    host: str,
+    port: int,
+    api_key: str | None,
+    policy_spec: str,
+    served_model_name: str | None,
+    **o: Any,
+) -> None:
+    """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models,
+    /v1/documents, /health, /metrics) in which chats go ahead of background documents."""
+    from edgeprefill.runtime.policies import parse_policy
+    from edgeprefill.runtime.server.serve import build
+    from edgeprefill.runtime.server.serve import serve as run_server
+
+    if o["backend"] == "vllm":
+        raise UserError(
+            "serve runs on --backend llamacpp for now; the vLLM backend has no embedding API yet"
+        )
+    parse_policy(policy_spec)
+    options = run_options(o, progress=False)
+    with open_device(o) as (make_backend, profile), make_backend() as backend:
+        name = served_model_name or Path(backend.describe()["model"]).stem
+        app, runtime = build(
+            backend, policy_spec, profile=profile, limits=options.limits, api_key=api_key,
+            model_id=name,
+        )  # fmt: skip
+        run_server(app, runtime, host, port)
+
+
+@cli.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option(
     "--out",

@@ -1,0 +1,1 @@
+"""`edgeprefill serve`: the embedding API behind the OpenAI HTTP interface."""

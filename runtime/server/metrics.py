@@ -1,0 +1,77 @@
+"""Prometheus metrics of a served runtime, fed from its engine thread."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from edgeprefill.runtime.core.iteration import Iteration
+from edgeprefill.runtime.core.request import CLASSES, Request
+
+# Seconds: chat TTFT from tens of ms to a document's minutes; ITL from a few ms to stalls.
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2, 5)
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram(
+            "edgeprefill_ttft_seconds", "time to first token", ["cls"], buckets=TTFT_BUCKETS,
+            registry=r,
+        )  # fmt: skip
+        self.itl = Histogram(
+            "edgeprefill_itl_seconds", "gaps between a request's tokens", ["cls"],
+            buckets=ITL_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.waiting = Gauge(
+            "edgeprefill_requests_waiting", "requests not admitted yet", ["cls"], registry=r
+        )
+        self.running = Gauge(
+            "edgeprefill_requests_running", "requests holding a sequence", ["cls"], registry=r
+        )
+        self.budget = Gauge(
+            "edgeprefill_prefill_budget_tokens",
+            "the policy's last prefill budget (-1: unlimited)",
+            registry=r,
+        )
+        self.preemptions = Counter(
+            "edgeprefill_preemptions", "document prompt passes stopped for a chat", registry=r
+        )
+        self.requests = Counter(
+            "edgeprefill_requests_ended", "requests ended, by class and outcome",
+            ["cls", "outcome"], registry=r,
+        )  # fmt: skip
+        self.kv_hits = Counter(
+            "edgeprefill_kv_restores", "prompts started from a saved prefix", registry=r
+        )
+        self.kv_tokens = Counter(
+            "edgeprefill_kv_restored_tokens", "prompt tokens restored, not computed", registry=r
+        )
+        for cls in CLASSES:  # every series present from the start
+            self.waiting.labels(cls).set(0)
+            self.running.labels(cls).set(0)
+
+    def iteration(self, it: Iteration, scheduler: Any) -> None:
+        self.budget.set(-1 if it.plan.budget is None else it.plan.budget)
+        if it.preempted:
+            self.preemptions.inc()
+        for cls in CLASSES:
+            self.waiting.labels(cls).set(len(scheduler.waiting[cls]))
+            self.running.labels(cls).set(sum(r.cls == cls for r in scheduler.running))
+
+    def ended(self, req: Request) -> None:
+        self.requests.labels(req.cls, "error" if req.error else "completed").inc()
+        if req.token_times_s:
+            self.ttft.labels(req.cls).observe(req.token_times_s[0] - req.arrival_s)
+            for gap in np.diff(req.token_times_s):
+                self.itl.labels(req.cls).observe(float(gap))
+        if req.prefix_reused_tokens:
+            self.kv_hits.inc()
+            self.kv_tokens.inc(req.prefix_reused_tokens)
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,53 @@
+"""Run the app with uvicorn until Ctrl-C or SIGTERM, then stop the runtime."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from edgeprefill.runtime.api.runtime import Runtime
+from edgeprefill.runtime.core.contract import Backend
+from edgeprefill.runtime.core.profile import DeviceProfile
+from edgeprefill.runtime.core.scheduler import BackgroundLimits
+from edgeprefill.runtime.server.app import create_app
+from edgeprefill.runtime.server.metrics import ServerMetrics
+
+log = logging.getLogger(__name__)
+
+
+def build(
+    backend: Backend,
+    policy: str,
+    *,
+    profile: DeviceProfile | None,
+    limits: BackgroundLimits | None = None,
+    api_key: str | None = None,
+    model_id: str = "default",
+    results: Path | None = None,
+) -> tuple[Any, Runtime]:
+    """The app and the runtime behind it (the caller shuts the runtime down)."""
+    metrics = ServerMetrics()
+    rt: Runtime | None = None
+
+    def on_iteration(it: Any) -> None:
+        assert rt is not None
+        metrics.iteration(it, rt.engine.scheduler)
+
+    rt = Runtime(
+        backend, policy, profile=profile, limits=limits, results=results,
+        on_iteration=on_iteration, on_end=metrics.ended,
+    )  # fmt: skip
+    return create_app(rt, model_id, metrics, api_key), rt
+
+
+def serve(app: Any, runtime: Runtime, host: str, port: int) -> None:
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    log.info("serving on http://%s:%d/v1 (Ctrl-C stops)", host, port)
+    try:
+        server.run()  # returns at Ctrl-C or SIGTERM, once open responses have ended
+    finally:
+        runtime.shutdown(cancel=True)

@@ -1,0 +1,157 @@
+"""`edgeprefill serve` on the real model, over a real loopback socket, with the clients its
+users run: the official `openai` client, httpx and curl."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+KEY = "test-key"
+
+
+@pytest.fixture
+def server(make_backend):
+    """The app on 127.0.0.1 at a free port, with an API key; its runtime stopped after."""
+    from edgeprefill.runtime.server.serve import build
+
+    be = make_backend(n_ctx=4096, n_seq_max=4, batching="fast")
+    app, runtime = build(be, "static:64", profile=None, api_key=KEY, model_id="tiny")
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not srv.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    port = srv.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}", runtime
+    srv.should_exit = True
+    thread.join(30)
+    runtime.shutdown(cancel=True)
+
+
+def client(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+def test_openai_client_streams_the_same_answer_it_gets_whole_with_usage(server):
+    base, _ = server
+    c = client(base)
+    ask = {"model": "tiny", "messages": [{"role": "user", "content": "Name three rivers."}]}
+    whole = c.chat.completions.create(**ask, max_tokens=12, temperature=0)
+    chunks = list(
+        c.chat.completions.create(
+            **ask, max_completion_tokens=12, temperature=0, stream=True,
+            stream_options={"include_usage": True},
+        )
+    )  # fmt: skip
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == whole.choices[0].message.content and text
+    finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
+    assert finishes[-1] == "length" == whole.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    assert whole.usage.completion_tokens == 12 and whole.usage.prompt_tokens > 5
+    assert whole.usage.prompt_tokens_details.cached_tokens == 0
+    assert [m.id for m in c.models.list().data] == ["tiny"]
+
+
+def test_a_stop_string_cuts_the_text_before_it_and_ends_the_request(server):
+    base, runtime = server
+    c = client(base)
+    ask = {"model": "tiny", "prompt": "A list of fruit: apple, pear,", "temperature": 0}
+    full = c.completions.create(**ask, max_tokens=16).choices[0].text
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    assert stop.strip() and full.index(stop) > 0
+    cut = c.completions.create(**ask, max_tokens=16, stop=[stop]).choices[0]
+    assert cut.text == full[: full.index(stop)] and cut.finish_reason == "stop"
+    deadline = time.monotonic() + 30  # the stopped request gave its sequence back
+    while runtime.engine.scheduler.running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not runtime.engine.scheduler.running
+
+
+def test_curl_gets_server_sent_events_ending_in_done_and_the_key_is_required(server):
+    base, _ = server
+    body = json.dumps(
+        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "stream": True}
+    )
+    out = subprocess.run(
+        ["curl", "-sN", f"{base}/v1/chat/completions", "-H", f"Authorization: Bearer {KEY}",
+         "-H", "Content-Type: application/json", "-d", body],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    events = [line for line in out.splitlines() if line]
+    assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert httpx.get(f"{base}/health").status_code == 200  # no key needed
+    denied = httpx.get(f"{base}/v1/models")
+    assert denied.status_code == 401 and denied.json()["error"]["type"] == "authentication_error"
+    wrong = httpx.get(f"{base}/metrics", headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401
+
+
+def test_bad_requests_are_400_with_the_field_named(server):
+    base, _ = server
+    h = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    cases = [
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, "temperature"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
+    ]
+    for body, param in cases:
+        r = h.post("/v1/chat/completions", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    r = h.post("/v1/completions", json={"prompt": list(range(5000)), "max_tokens": 2})
+    assert r.status_code == 400 and "context holds 4096" in r.json()["error"]["message"]
+
+
+def test_documents_are_background_work_with_progress_and_a_priority_field_sets_the_class(server):
+    base, _ = server
+    h = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
+    r = h.post(
+        "/v1/documents", json={"text": "Bees make honey from nectar. " * 150, "max_tokens": 6}
+    )
+    assert r.status_code == 202
+    doc = r.json()["id"]
+    long = h.post("/v1/documents", json={"text": "Rain falls on hills. " * 600}).json()["id"]
+    # a chat with vLLM's priority field: background above 0
+    r = h.post(
+        "/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 3, "priority": 1}
+    )
+    assert r.status_code == 200
+    seen = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        state = h.get(f"/v1/documents/{doc}").json()
+        seen.append(state["prompt_tokens_read"])
+        if state["status"] == "finished":
+            break
+        time.sleep(0.1)
+    assert state["status"] == "finished" and state["output"] and state["error"] is None
+    assert state["prompt_tokens_read"] == state["prompt_tokens"] and seen == sorted(seen)
+    gone = h.delete(f"/v1/documents/{long}")
+    assert gone.status_code == 200 and gone.json()["deleted"]
+    assert h.get(f"/v1/documents/{long}").json()["status"] == "failed"
+    assert h.get("/v1/documents/nope").status_code == 404
+    metrics = h.get("/metrics").text
+    ended = [
+        line for line in metrics.splitlines() if line.startswith("edgeprefill_requests_ended_total")
+    ]
+    assert 'edgeprefill_requests_ended_total{cls="background",outcome="completed"} 2.0' in ended
+    assert 'edgeprefill_requests_ended_total{cls="background",outcome="error"} 1.0' in ended
+    for name in ("edgeprefill_ttft_seconds_bucket", "edgeprefill_itl_seconds_bucket",
+                 "edgeprefill_requests_waiting", "edgeprefill_prefill_budget_tokens"):  # fmt: skip
+        assert name in metrics
