@@ -73,46 +73,26 @@ def test_unsupported_missing_or_doubled_vllm_is_named(monkeypatch):
     assert check.require_vllm() == "0.32.0"
 
 
-def test_a_setting_vllm_rejects_is_named_with_what_it_accepts(tmp_path):
+def error_with_tiny_model(tmp_path: Path, *extra: str) -> str:
+    """The one-line error of `run` on the tiny vLLM model with `extra` options."""
     from tests.vllm_model import write_tiny_model
 
     model = write_tiny_model(tmp_path / "m")
-    line = one_line_error(
-        edgeprefill(
-            tmp_path,
-            "run",
-            WORKLOAD,
-            "--backend",
-            "vllm",
-            "--model",
-            str(model),
-            "--dtype",
-            "bogus",
-        )
+    return one_line_error(
+        edgeprefill(tmp_path, "run", WORKLOAD, "--backend", "vllm", "--model", str(model), *extra)
     )
+
+
+def test_a_setting_vllm_rejects_is_named_with_what_it_accepts(tmp_path):
+    line = error_with_tiny_model(tmp_path, "--dtype", "bogus")
     assert "vLLM rejected the settings: dtype" in line and "'bogus'" in line and "float32" in line
 
 
 def test_a_kv_cache_larger_than_memory_is_refused_before_vllm_allocates_it(tmp_path):
     import psutil
 
-    from tests.vllm_model import write_tiny_model
-
-    model = write_tiny_model(tmp_path / "m")
     too_much = psutil.virtual_memory().total / 2**30 * 2  # twice this machine's memory
-    line = one_line_error(
-        edgeprefill(
-            tmp_path,
-            "run",
-            WORKLOAD,
-            "--backend",
-            "vllm",
-            "--model",
-            str(model),
-            "--kv-cache-gib",
-            f"{too_much:.0f}",
-        )  # fmt: skip
-    )
+    line = error_with_tiny_model(tmp_path, "--kv-cache-gib", f"{too_much:.0f}")
     assert f"--kv-cache-gib {too_much:.0f} plus the weights" in line
     assert "GiB of system memory is available: use --kv-cache-gib" in line
 
