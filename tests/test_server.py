@@ -180,3 +180,41 @@ def test_a_chat_goes_ahead_of_a_long_document_and_a_dropped_stream_frees_its_seq
     assert not runtime.engine.scheduler.running
     metrics = h.get("/metrics").text
     assert 'edgeprefill_requests_ended_total{cls="foreground",outcome="error"} 1.0' in metrics
+
+
+def test_the_serve_command_answers_curl_and_stops_cleanly_on_sigint(tmp_path):
+    import signal
+    import socket
+    import sys
+
+    with socket.socket() as s:  # a free loopback port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cli = [sys.executable, "-m", "edgeprefill.runtime.cli.main"]
+    proc = subprocess.Popen(
+        [*cli, "serve", "--port", str(port), "--policy", "static:64", "--n-ctx", "2048",
+         "--calibration", "none"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.5)
+        body = json.dumps({"prompt": "Hello", "max_tokens": 3})
+        out = subprocess.run(
+            ["curl", "-s", f"{base}/v1/completions", "-H", "Content-Type: application/json",
+             "-d", body],
+            capture_output=True, text=True, timeout=120, check=True,
+        ).stdout  # fmt: skip
+        assert json.loads(out)["usage"]["completion_tokens"] == 3
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in stderr, stderr  # as a shell reports it
+    bad = subprocess.run([*cli, "serve", "--backend", "vllm"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "serve runs on --backend llamacpp" in bad.stderr
