@@ -65,18 +65,26 @@ def test_a_cache_over_available_memory_is_refused_with_the_numbers_and_the_fix(
     be.close()
 
 
-def test_the_command_line_refuses_it_in_one_line(tmp_path):
-    have = psutil.virtual_memory().available
-    n_seq = 256  # llama.cpp's most: at the trained context, far over this machine's memory
-    need_gib = n_seq * 32768 * 3 * 1024 / (1 << 30)  # at least the three full layers' part
-    if need_gib * (1 << 30) < have:
-        pytest.skip("this machine has the memory for the largest cache")
+def test_the_command_line_refuses_it_in_one_line(tmp_path, model_path):
+    """Sized from this machine's memory: enough sequences at the trained context that their
+    KV cache needs more than all of it."""
+    import math
+
+    model = LlamaModel(model_path)
+    try:
+        per_seq = KvFootprint.measure(model).bytes_for(32768, 1, 512, model.n_swa, False)
+    finally:
+        model.close()
+    n_seq = math.floor(psutil.virtual_memory().total / per_seq) + 1
+    if n_seq > 256:  # llama.cpp's most sequences
+        pytest.skip("even the largest cache llama.cpp allows fits in this machine's memory")
     res = subprocess.run(
-        [sys.executable, "-m", "edgeprefill.runtime.cli.main", "run",
-         str(DEFAULT), "--n-ctx", "32768", "--n-seq-max", "256",
-         "--n-batch", "2048", "--no-progress", "--out", str(tmp_path / "o")],
+        [sys.executable, "-m", "edgeprefill.runtime.cli.main", "run", str(DEFAULT),
+         "--n-ctx", "32768", "--n-seq-max", str(n_seq), "--n-batch", "2048", "--no-progress",
+         "--out", str(tmp_path / "o")],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and "the KV cache needs" in lines[0] and "Traceback" not in res.stderr
+    assert len(lines) == 1 and "Traceback" not in res.stderr
+    assert "the KV cache needs" in lines[0] and f"x {n_seq} sequences" in lines[0]
