@@ -120,6 +120,12 @@ class LlamaCppBackend(Backend):
         try:
             self.model = self._stack.enter_context(closing(self._load(path)))
             self.n_threads = config.n_threads or default_threads()
+            footprint = KvFootprint.measure(self.model)
+            if footprint is None:
+                log.warning("llama.cpp did not report its KV cache size: memory is not checked")
+            # before the probe (a minute on a first run) at the smallest micro-batch, then
+            # exactly at the one it chooses
+            self._check_memory(footprint, config.n_ubatch or 1)
             self.probe = probe(
                 self.model,
                 path,
@@ -136,7 +142,7 @@ class LlamaCppBackend(Backend):
                 overrides=config.overrides,
                 work=config.expected_work,
             )
-            self._check_memory()
+            self._check_memory(footprint, self.settings.n_ubatch)
             self.ctx = self._stack.enter_context(closing(self._context()))
             self.ring = SwaRing.of(
                 self.model.n_swa, self.ctx.n_ctx_seq, self.settings.n_ubatch, config.kv_unified
@@ -179,15 +185,11 @@ class LlamaCppBackend(Backend):
             )
         return model
 
-    def _check_memory(self) -> None:
-        c = self.config
-        footprint = KvFootprint.measure(self.model)
+    def _check_memory(self, footprint: KvFootprint | None, n_ubatch: int) -> None:
         if footprint is None:
-            log.warning("llama.cpp did not report its KV cache size: memory is not checked")
             return
-        check_fits(
-            footprint, c.n_ctx, c.n_seq_max, self.settings.n_ubatch, self.model.n_swa, c.kv_unified
-        )
+        c = self.config
+        check_fits(footprint, c.n_ctx, c.n_seq_max, n_ubatch, self.model.n_swa, c.kv_unified)
 
     def _context(self) -> LlamaContext:
         c = self.config
