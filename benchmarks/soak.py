@@ -18,6 +18,7 @@ states (must be none); P99 inter-token latency of the chats in each 5-minute win
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import random
 import tempfile
@@ -137,7 +138,13 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path("results/soak"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--trim", action="store_true",
+        help="call glibc's malloc_trim(0) at every RSS sample (a diagnostic: does RSS grow "
+        "because freed memory stays with the allocator, or because something is kept?)",
+    )  # fmt: skip
     args = ap.parse_args()
+    trim = ctypes.CDLL("libc.so.6").malloc_trim if args.trim else None
     args.out.mkdir(parents=True, exist_ok=True)
     kv_folder = Path(tempfile.mkdtemp(prefix="edgeprefill-soak-kv-"))
     proc = psutil.Process()
@@ -168,6 +175,8 @@ def main() -> None:
         while any(th.is_alive() for th in threads):
             now = time.monotonic()
             if now >= next_report:
+                if trim is not None:
+                    trim(0)
                 rss.append((now - t0, proc.memory_info().rss))
                 print(
                     f"{(now - t0) / 60:5.1f} min: {ledger.submitted} submitted, "
@@ -187,6 +196,7 @@ def main() -> None:
     report = {
         "minutes": args.minutes,
         "users": args.users,
+        "malloc_trim": args.trim,
         "submitted": ledger.submitted,
         "ended": dict(ledger.ended),
         "accounted": ended == ledger.submitted,
