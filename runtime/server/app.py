@@ -29,7 +29,7 @@ from edgeprefill.runtime.server.schema import (
     ChatRequest,
     CompletionRequest,
     DocumentRequest,
-    _Generation,
+    Generation,
 )
 
 
@@ -85,7 +85,7 @@ def create_app(
     async def prometheus() -> Response:
         return Response(metrics.text(), media_type="text/plain; version=0.0.4")
 
-    def submit(body: _Generation, prompt: list[int]) -> RequestHandle:
+    def submit(body: Generation, prompt: list[int]) -> RequestHandle:
         if len(prompt) >= runtime.backend.capacity.n_ctx_seq:
             raise ApiError(
                 400,
@@ -120,7 +120,7 @@ def create_app(
         handle = submit(body, prompt)
         return await respond(body, handle, "text_completion")
 
-    async def respond(body: _Generation, handle: RequestHandle, kind: str) -> Any:
+    async def respond(body: Generation, handle: RequestHandle, kind: str) -> Any:
         rid = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{handle.id}"
         created = int(time.time())
         pieces = _Stream(handle, body.stops)

@@ -31,7 +31,7 @@ class Message(BaseModel):
         return self.content or ""
 
 
-class _Generation(BaseModel):
+class Generation(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
     stream: bool = False
@@ -70,11 +70,11 @@ class _Generation(BaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class ChatRequest(_Generation):
+class ChatRequest(Generation):
     messages: list[Message] = Field(min_length=1)
 
 
-class CompletionRequest(_Generation):
+class CompletionRequest(Generation):
     prompt: str | list[int]
 
     @model_validator(mode="after")
