@@ -121,14 +121,14 @@ def rss_verdict(samples: list[tuple[float, int]]) -> dict:
     rss = np.array([s[1] for s in rest], dtype=float)
     median = float(np.median(rss))
     slope = float(np.polyfit(t, rss, 1)[0])  # bytes per second
-    drift = slope * (t[-1] - t[0]) / median
+    drift = float(slope * (t[-1] - t[0]) / median)
     spread = float(np.max(np.abs(rss - median)) / median)
     return {
         "samples": len(samples),
         "median_mib": median / 2**20,
         "max_deviation": spread,
         "trend_over_span": drift,
-        "flat": spread <= 0.05 and drift < 0.05,
+        "flat": bool(spread <= 0.05 and drift < 0.05),
     }
 
 
