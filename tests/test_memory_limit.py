@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
-from edgeprefill.backends.llamacpp.memory import KvFootprint
+from edgeprefill.backends.llamacpp.memory import KvFootprint, check_fits
 from edgeprefill.backends.llamacpp.native import LlamaContext, LlamaModel, captured_log
 from edgeprefill.runtime.core.errors import UserError
 
@@ -63,6 +63,20 @@ def test_a_cache_over_available_memory_is_refused_with_the_numbers_and_the_fix(
     fits = int(message.split("--n-ctx ")[1].split()[0])
     be = LlamaCppBackend(LlamaCppConfig(model=model_path, n_ctx=fits, n_seq_max=64))
     be.close()
+
+
+def test_the_suggested_context_fits_at_any_micro_batch_the_probe_may_choose(monkeypatch):
+    """Checked before the probe at the smallest micro-batch, the suggestion must still fit
+    once the probe picks the largest: the sliding-window ring grows with it (a suggestion
+    made at the smallest was refused again at 512 on a CI machine)."""
+    free = namedtuple("vmem", "available")(1 << 30)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: free)
+    footprint = KvFootprint(full_bytes=3072.0, window_bytes=15360.0)  # Gemma 3 270M, per cell
+    with pytest.raises(UserError) as e:
+        check_fits(footprint, 32768, 64, 1, 512, False, largest_ubatch=2048)
+    fits = int(str(e.value).split("--n-ctx ")[1].split()[0])
+    for n_ubatch in (1, 64, 512, 2048):
+        check_fits(footprint, fits, 64, n_ubatch, 512, False)
 
 
 def test_the_command_line_refuses_it_in_one_line(tmp_path, model_path):

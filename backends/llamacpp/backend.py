@@ -125,7 +125,7 @@ class LlamaCppBackend(Backend):
                 log.warning("llama.cpp did not report its KV cache size: memory is not checked")
             # before the probe (a minute on a first run) at the smallest micro-batch, then
             # exactly at the one it chooses
-            self._check_memory(footprint, config.n_ubatch or 1)
+            self._check_memory(footprint, config.n_ubatch or 1, config.n_ubatch or config.n_batch)
             self.probe = probe(
                 self.model,
                 path,
@@ -185,11 +185,16 @@ class LlamaCppBackend(Backend):
             )
         return model
 
-    def _check_memory(self, footprint: KvFootprint | None, n_ubatch: int) -> None:
+    def _check_memory(
+        self, footprint: KvFootprint | None, n_ubatch: int, largest_ubatch: int | None = None
+    ) -> None:
         if footprint is None:
             return
         c = self.config
-        check_fits(footprint, c.n_ctx, c.n_seq_max, n_ubatch, self.model.n_swa, c.kv_unified)
+        check_fits(
+            footprint, c.n_ctx, c.n_seq_max, n_ubatch, self.model.n_swa, c.kv_unified,
+            largest_ubatch,
+        )  # fmt: skip
 
     def _context(self) -> LlamaContext:
         c = self.config

@@ -59,18 +59,30 @@ class KvFootprint:
 
 
 def check_fits(
-    footprint: KvFootprint, n_ctx: int, n_seq_max: int, n_ubatch: int, n_swa: int, unified: bool
+    footprint: KvFootprint,
+    n_ctx: int,
+    n_seq_max: int,
+    n_ubatch: int,
+    n_swa: int,
+    unified: bool,
+    largest_ubatch: int | None = None,
 ) -> None:
     """Refuse, in one line with the numbers and the fix, a KV cache over the memory that
-    is available now (the model is already loaded)."""
+    is available now (the model is already loaded).
 
-    def need(cells: int) -> float:
-        return footprint.bytes_for(cells, n_seq_max, n_ubatch, n_swa, unified)
+    Before the micro-batch is chosen the cache is checked at the smallest one (`n_ubatch`),
+    but the `--n-ctx` suggested must fit at any it may become (`largest_ubatch`): the
+    sliding-window ring grows with it."""
+
+    def need(cells: int, ubatch: int = n_ubatch) -> float:
+        return footprint.bytes_for(cells, n_seq_max, ubatch, n_swa, unified)
 
     available = psutil.virtual_memory().available
     if need(n_ctx) <= available:
         return
-    fits = next((c for c in range(n_ctx // 256 * 256, 0, -256) if need(c) <= available), 0)
+    worst = max(n_ubatch, largest_ubatch or 0)
+    cells = range(n_ctx // 256 * 256, 0, -256)
+    fits = next((c for c in cells if need(c, worst) <= available), 0)
     fix = f"--n-ctx {fits} or less" if fits else "a smaller --n-seq-max"
     what = f"{n_ctx:,} cells" + ("" if unified else f" x {n_seq_max} sequences")
     raise UserError(
