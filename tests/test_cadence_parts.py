@@ -10,7 +10,7 @@ import pytest
 
 from edgeprefill.runtime.core.costmodel import CostModel
 from edgeprefill.runtime.core.plan import IterationTiming, SchedState
-from edgeprefill.runtime.policies.cadence.fit import OnlineFit, Rows
+from edgeprefill.runtime.policies.cadence.fit import REFIT_EVERY, OnlineFit, Rows
 from edgeprefill.runtime.policies.cadence.floor import DEFAULT_SLOWDOWN, first_token_floor
 from edgeprefill.runtime.policies.cadence.margins import TailMargins
 from edgeprefill.runtime.policies.cadence.share import ShareCredit
@@ -28,17 +28,26 @@ def iteration(rng: np.random.Generator, host_s: float | None = 0.001) -> Iterati
 
 
 def test_the_online_fit_is_the_batch_fit_of_the_anchor_and_the_window():
+    """Refitted every REFIT_EVERY iterations to exactly what a batch fit gives, and in
+    between the last refit's model: never more than REFIT_EVERY - 1 iterations stale."""
     rng = np.random.default_rng(0)
     anchor = [iteration(rng) for _ in range(20)]
     fit = OnlineFit(CostModel(0.01, 0.01, 0.01, 0.01), anchor, window=64)
     seen = [iteration(rng) for _ in range(500)]
+
+    def batch(i: int) -> CostModel:
+        return CostModel.fit(anchor + seen[max(0, i - 63) : i + 1])
+
     for i, t in enumerate(seen):
-        fit.add(t)
-        if i in (7, 63, 64, 499):  # before, at and long after the window fills
-            batch = CostModel.fit(anchor + seen[max(0, i - 63) : i + 1])
-            assert fit.model.coef == pytest.approx(batch.coef, rel=1e-9)
-            assert fit.model.rmse_s == pytest.approx(batch.rmse_s, rel=1e-6)
-            assert fit.model.n_samples == batch.n_samples
+        refitted = fit.add(t)
+        assert refitted == ((i + 1) % REFIT_EVERY == 0)
+        if i in (7, 63, 71, 495):  # before, at and long after the window fills
+            assert fit.model.coef == pytest.approx(batch(i).coef, rel=1e-9)
+            assert fit.model.rmse_s == pytest.approx(batch(i).rmse_s, rel=1e-6)
+            assert fit.model.n_samples == batch(i).n_samples
+        if i in (64, 70, 499):  # between refits: the last one's model
+            last = i - (i + 1) % REFIT_EVERY
+            assert fit.model.coef == pytest.approx(batch(last).coef, rel=1e-9)
 
 
 def test_the_online_fit_waits_for_eight_iterations_and_survives_a_degenerate_window():

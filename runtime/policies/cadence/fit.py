@@ -1,10 +1,14 @@
 """Cadence's cost model, fitted online: to the startup probe's iterations and the last
-`window` completed ones, after every iteration.
+`window` completed ones, every `REFIT_EVERY` iterations.
 
 Refitting from scratch rebuilt a matrix of a few hundred rows in Python each iteration
 (~1.5 ms of host time a token waits for). The fit is the same non-negative least squares
 solved from the normal equations, which change by one row in and one row out: a 4x4 update
-and a 4x4 solve (tens of microseconds), with the same coefficients up to rounding.
+each iteration (microseconds), and a 4x4 solve, with the margins measured again against its
+result, only every few iterations: one iteration moves a fit over hundreds by little, and
+the solve and margins were most of the host time a token waited for. An iteration the
+foreground felt beyond its margin is refitted at once: a stall is the tail event the
+margins exist for.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from edgeprefill.runtime.core.plan import IterationTiming
 
 N_FEATURES = 4
 MIN_RECENT = 8  # completed iterations before the model is refitted at all
+# Completed iterations between refits: the most the model (and the margins measured against
+# it) lags the device. At 20-100 ms an iteration, well under a second.
+REFIT_EVERY = 8
 
 
 class Rows:
@@ -63,9 +70,12 @@ class OnlineFit:
         self._gram = self._anchor.T @ self._anchor
         self._xty = self._anchor.T @ self._anchor_y
         self._yty = float(self._anchor_y @ self._anchor_y)
+        self._unfitted = 0  # iterations added since the last refit
 
-    def add(self, timing: IterationTiming) -> None:
-        """A completed iteration enters the window (the oldest leaves); refit."""
+    def add(self, timing: IterationTiming, refit: bool = False) -> bool:
+        """A completed iteration enters the window (the oldest leaves). Returns whether the
+        model was refitted: every `REFIT_EVERY`, once `MIN_RECENT` are in, or at once when
+        asked (`refit`: the iteration surprised its caller)."""
         out = self.recent.append(timing)
         x, y = np.array(features(timing), dtype=float), timing.duration_s
         self._gram += np.outer(x, x)
@@ -76,8 +86,12 @@ class OnlineFit:
             self._gram -= np.outer(ox, ox)
             self._xty -= ox * oy
             self._yty -= oy * oy
-        if len(self.recent) >= MIN_RECENT:
-            self.model = self._solve()
+        self._unfitted += 1
+        if len(self.recent) < MIN_RECENT or (self._unfitted < REFIT_EVERY and not refit):
+            return False
+        self._unfitted = 0
+        self.model = self._solve()
+        return True
 
     def _solve(self) -> CostModel:
         """min ||X c - y|| over c >= 0 from X'X and X'y: with X'X = R'R it is

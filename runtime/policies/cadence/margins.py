@@ -45,12 +45,24 @@ class TailMargins:
         """A completed iteration: its host time, and its errors if it held only foreground prompt work."""
         if timing.n_decode_foreground and timing.host_s is not None:
             self._host.append(timing.host_s)
-            self.host_s = statistics.median(self._host)
         if timing.n_decode_foreground and 0 < timing.n_prefill == timing.n_prefill_foreground:
             self._prompts.append(timing)
 
+    def surprised(self, timing: IterationTiming, model: CostModel) -> bool:
+        """Foreground decodes beside prompt work (the iterations the margin is measured on)
+        took longer than `model` and the margin allowed."""
+        if not (timing.n_decode_foreground and timing.n_prefill):
+            return False
+        predicted = model.predict(
+            timing.n_decode, timing.n_prefill, timing.n_chunks, timing.ctx_work, timing.sampled
+        )
+        return timing.duration_s - predicted > self.margin_s
+
     def update(self, model: CostModel, recent: Rows) -> None:
-        """Re-measure both margins against `model` (just refitted to `recent`)."""
+        """Re-measure the host median and both margins against `model` (just refitted to
+        `recent`)."""
+        if self._host:
+            self.host_s = statistics.median(self._host)
         mixed = recent.mixed[: len(recent)]
         if mixed.sum() >= MIN_RECENT:
             self.margin_s = self._tail_error(model, *recent.rows(mixed))

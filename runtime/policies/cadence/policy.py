@@ -30,7 +30,7 @@ from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.costmodel import CostModel
 from edgeprefill.runtime.core.plan import Decision, IterationTiming, SchedState
 from edgeprefill.runtime.core.profile import DeviceProfile
-from edgeprefill.runtime.policies.cadence.fit import MIN_RECENT, OnlineFit
+from edgeprefill.runtime.policies.cadence.fit import OnlineFit
 from edgeprefill.runtime.policies.cadence.floor import first_token_floor
 from edgeprefill.runtime.policies.cadence.margins import TailMargins
 from edgeprefill.runtime.policies.cadence.share import ShareCredit
@@ -177,8 +177,7 @@ class CadencePolicy(BudgetPolicy):
         margins, credit = self._need(self._margins, "margins"), self._need(self._credit, "credit")
         credit.add(timing, fit.model)
         margins.add(timing)
-        fit.add(timing)
-        if len(fit.recent) >= MIN_RECENT:
+        if fit.add(timing, refit=margins.surprised(timing, fit.model)):
             margins.update(fit.model, fit.recent)
 
     def params(self) -> dict[str, Any]:
