@@ -2,13 +2,13 @@
 `window` completed ones, every `REFIT_EVERY` iterations.
 
 Refitting from scratch rebuilt a matrix of a few hundred rows in Python each iteration
-(~1.5 ms of host time a token waits for). The fit is the same non-negative least squares
-solved from the normal equations, which change by one row in and one row out: a 4x4 update
-each iteration (microseconds), and a 4x4 solve, with the margins measured again against its
-result, only every few iterations: one iteration moves a fit over hundreds by little, and
-the solve and margins were most of the host time a token waited for. An iteration the
-foreground felt beyond its margin is refitted at once: a stall is the tail event the
-margins exist for.
+(~1.5 ms of host time a token waits for). The window is now kept as feature rows (a
+ring), and the same non-negative least squares is solved from its normal equations (one
+256x4 product and a 4x4 solve) only every few iterations, the margins measured again
+against the result: one iteration moves a fit over hundreds by little, and updating the
+normal equations, solving and re-measuring every iteration were most of the host time a
+token waited for. An iteration the foreground felt beyond its margin is refitted at once:
+a stall is the tail event the margins exist for.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from edgeprefill.runtime.core.plan import IterationTiming
 N_FEATURES = 4
 MIN_RECENT = 8  # completed iterations before the model is refitted at all
 # Completed iterations between refits: the most the model (and the margins measured against
-# it) lags the device. At 20-100 ms an iteration, well under a second.
-REFIT_EVERY = 8
+# it) lags the device: at 20-100 ms an iteration, 0.3-1.6 s.
+REFIT_EVERY = 16
 
 
 class Rows:
@@ -40,17 +40,15 @@ class Rows:
         self.n = 0
         self._next = 0
 
-    def append(self, t: IterationTiming) -> tuple[np.ndarray, float] | None:
-        """Add `t`; returns the row it pushed out (features, duration) once full."""
+    def append(self, t: IterationTiming) -> None:
+        """Add `t`, in place of the oldest once full."""
         i, cap = self._next, len(self.y)
-        out = (self.x[i].copy(), float(self.y[i])) if self.n == cap else None
         self.x[i] = features(t)
         self.y[i] = t.duration_s
         self.host[i] = np.nan if t.host_s is None else t.host_s
         self.mixed[i] = bool(t.n_decode_foreground and t.n_prefill)
         self._next = (i + 1) % cap
         self.n = min(self.n + 1, cap)
-        return out
 
     def __len__(self) -> int:
         return self.n
@@ -67,27 +65,16 @@ class OnlineFit:
         self.recent = Rows(window)
         self._anchor = np.array([features(t) for t in anchor], dtype=float).reshape(-1, 4)
         self._anchor_y = np.array([t.duration_s for t in anchor], dtype=float)
-        self._gram = self._anchor.T @ self._anchor
-        self._xty = self._anchor.T @ self._anchor_y
-        self._yty = float(self._anchor_y @ self._anchor_y)
         self._unfitted = 0  # iterations added since the last refit
 
     def add(self, timing: IterationTiming, refit: bool = False) -> bool:
         """A completed iteration enters the window (the oldest leaves). Returns whether the
-        model was refitted: every `REFIT_EVERY`, once `MIN_RECENT` are in, or at once when
-        asked (`refit`: the iteration surprised its caller)."""
-        out = self.recent.append(timing)
-        x, y = np.array(features(timing), dtype=float), timing.duration_s
-        self._gram += np.outer(x, x)
-        self._xty += x * y
-        self._yty += y * y
-        if out is not None:
-            ox, oy = out
-            self._gram -= np.outer(ox, ox)
-            self._xty -= ox * oy
-            self._yty -= oy * oy
+        model was refitted: once `MIN_RECENT` are in, then every `REFIT_EVERY`, and at
+        once when asked (`refit`: the iteration surprised its caller)."""
+        self.recent.append(timing)
         self._unfitted += 1
-        if len(self.recent) < MIN_RECENT or (self._unfitted < REFIT_EVERY and not refit):
+        n = len(self.recent)
+        if n < MIN_RECENT or not (refit or n == MIN_RECENT or self._unfitted >= REFIT_EVERY):
             return False
         self._unfitted = 0
         self.model = self._solve()
@@ -97,18 +84,25 @@ class OnlineFit:
         """min ||X c - y|| over c >= 0 from X'X and X'y: with X'X = R'R it is
         min ||R c - R'^-1 X'y||, the same problem on a 4x4 matrix. Columns are scaled to
         unit norm first (prompt tokens and attention work differ by orders of magnitude)."""
-        n = len(self._anchor_y) + len(self.recent)
-        scale = np.sqrt(np.diag(self._gram))
+        x, y, _ = self.recent.rows()
+        n = len(self._anchor_y) + len(y)
+        gram = self._anchor.T @ self._anchor + x.T @ x
+        xty = self._anchor.T @ self._anchor_y + x.T @ y
+        scale = np.sqrt(np.diag(gram))
         scale[scale == 0] = 1.0
-        gram = self._gram / np.outer(scale, scale)
+        scaled = gram / np.outer(scale, scale)
         try:
-            r = np.linalg.cholesky(gram).T
-            coef, _ = nnls(r, np.linalg.solve(r.T, self._xty / scale))
+            # Unconstrained first: where no cost comes out negative it is also the
+            # non-negative solution, and scipy's nnls costs ~10x a 4x4 solve in checks.
+            coef = np.linalg.solve(scaled, xty / scale)
+            if (coef < 0).any():
+                r = np.linalg.cholesky(scaled).T
+                coef, _ = nnls(r, np.linalg.solve(r.T, xty / scale))
         except np.linalg.LinAlgError:  # rank-deficient: solve on the rows themselves
-            x, y, _ = self.recent.rows()
             return CostModel.fit_arrays(
                 np.vstack([self._anchor, x]), np.concatenate([self._anchor_y, y])
             )
         coef = coef / scale
-        sse = self._yty - 2 * coef @ self._xty + coef @ self._gram @ coef
+        yty = float(self._anchor_y @ self._anchor_y + y @ y)
+        sse = yty - 2 * coef @ xty + coef @ gram @ coef
         return CostModel(*map(float, coef), n_samples=n, rmse_s=float(np.sqrt(max(sse, 0) / n)))
