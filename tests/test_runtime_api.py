@@ -129,13 +129,19 @@ def test_asking_about_an_indexed_document_computes_only_the_question(make_backen
     be = make_backend()
     document = " ".join(f"The lighthouse keeper logged ship number {i}." for i in range(60))
     with Runtime(be, "static:64") as rt:
-        early = rt.ask(rt.index(document, max_tokens=4), "What did the keeper log?", max_tokens=8)
+        first = rt.index(document, max_tokens=4)
+        early = rt.ask(first, "What did the keeper log?", max_tokens=8)
         doc = rt.index(document, max_tokens=4)
         doc.result(timeout=120)
         answer = rt.ask(doc, "What did the keeper log?", max_tokens=8, ignore_eos=True)
         req = answer.result(timeout=120)
-    assert early.result(timeout=120).status is Status.FINISHED  # asked before it was read
     kept = doc.request.share_prefix
+    # Asked before the document was read: it waited for the read rather than computing the
+    # document a second time beside it, and its clock ran from when it was asked.
+    asked = early.result(timeout=120)
+    assert asked.status is Status.FINISHED
+    assert asked.prefix_reused_tokens >= kept - be.capacity.chunk_quantum
+    assert asked.arrival_s - first.request.arrival_s < 1.0
     assert kept and req.prefix_reused_tokens >= kept - be.capacity.chunk_quantum
     assert req.prompt[:kept] == doc.request.prompt[:kept]  # the document, token for token
     assert req.record()["prefilled_tokens"] == req.prompt_len - req.prefix_reused_tokens

@@ -5,38 +5,22 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 import time
 
 import httpx
 import pytest
 
+from tests.server_helpers import KEY, serving
+
 pytestmark = pytest.mark.slow
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
-KEY = "test-key"
-
 
 @pytest.fixture
 def server(make_backend):
-    """The app on 127.0.0.1 at a free port, with an API key; its runtime stopped after."""
-    from edgeprefill.runtime.server.serve import build
-
-    be = make_backend(n_ctx=4096, n_seq_max=4, batching="fast")
-    app, runtime = build(be, "static:64", profile=None, api_key=KEY, model_id="tiny")
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not srv.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    port = srv.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}", runtime
-    srv.should_exit = True
-    thread.join(30)
-    runtime.shutdown(cancel=True)
+    with serving(make_backend) as running:
+        yield running
 
 
 def client(base: str) -> openai.OpenAI:
@@ -157,6 +141,29 @@ def test_documents_are_background_work_with_progress_and_a_priority_field_sets_t
         assert name in metrics
 
 
+def test_a_question_by_document_id_restores_the_document_and_computes_only_the_question(server):
+    base, _ = server
+    h = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
+    text = "The lighthouse keeper logged ship number seven at dawn. " * 70
+    doc = h.post("/v1/documents", json={"text": text, "max_tokens": 4}).json()["id"]
+    c = client(base)
+    # Asked at once, while the document is still read: it waits for the read rather than
+    # computing the document a second time beside it.
+    early = c.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "What did the keeper log?"}],
+        max_tokens=6, extra_body={"document_id": doc},
+    )  # fmt: skip
+    later = c.completions.create(
+        model="tiny", prompt="Who kept the log?", max_tokens=6, extra_body={"document_id": doc}
+    )
+    read = h.get(f"/v1/documents/{doc}").json()["prompt_tokens"]
+    for usage in (early.usage, later.usage):
+        cached = usage.prompt_tokens_details.cached_tokens
+        assert cached > read - 64 and usage.prompt_tokens - cached < 64, usage
+    unknown = h.post("/v1/completions", json={"prompt": "x", "document_id": "nope"})
+    assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "not_found_error"
+
+
 def test_a_chat_goes_ahead_of_a_long_document_and_a_dropped_stream_frees_its_sequence(server):
     base, runtime = server
     h = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
@@ -180,6 +187,91 @@ def test_a_chat_goes_ahead_of_a_long_document_and_a_dropped_stream_frees_its_seq
     assert not runtime.engine.scheduler.running
     metrics = h.get("/metrics").text
     assert 'edgeprefill_requests_ended_total{cls="foreground",outcome="error"} 1.0' in metrics
+
+
+def test_a_full_queue_is_429_with_retry_after_and_a_stopping_server_503(make_backend):
+    with serving(make_backend, max_queue=1) as (base, runtime):
+        h = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+        long = {"text": "Clouds drift over the valley. " * 300, "max_tokens": 4}
+        docs = [h.post("/v1/documents", json=long) for _ in range(5)]  # 4 sequences + 1
+        assert [r.status_code for r in docs] == [202] * 5
+        full = h.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
+        assert full.status_code == 429 and int(full.headers["Retry-After"]) >= 1
+        assert full.json()["error"]["type"] == "rate_limit_error"
+        for r in docs:
+            h.delete(f"/v1/documents/{r.json()['id']}")
+        assert h.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2}).status_code == 200
+        runtime.stop()
+        stopping = h.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
+        assert stopping.status_code == 503 and stopping.json()["error"]["message"]
+        assert h.get("/health").status_code == 200
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(base: str, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.5)
+    raise AssertionError(f"the server did not come up: {proc.poll()}")
+
+
+def test_sigterm_with_requests_in_flight_keeps_the_finished_and_marks_the_rest(tmp_path):
+    import signal
+    import sys
+
+    port, out = free_port(), tmp_path / "served"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edgeprefill.runtime.cli.main", "serve", "--port", str(port),
+         "--policy", "static:64", "--n-ctx", "4096", "--n-seq-max", "4", "--calibration", "none",
+         "--results", str(out), "--cancel-on-shutdown"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base, proc)
+        h = httpx.Client(base_url=base, timeout=120)
+        done = h.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 3}).json()
+        doc = h.post("/v1/documents", json={"text": "Snow on the pass. " * 600}).json()["id"]
+        with h.stream(
+            "POST", "/v1/completions", json={"prompt": "Count:", "max_tokens": 2000, "stream": True}
+        ) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")  # streaming when the signal comes
+            proc.send_signal(signal.SIGTERM)
+            rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]"  # the stream ended, cancelled, not cut off
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode in (0, -signal.SIGTERM, 128 + signal.SIGTERM), stderr
+    assert "Traceback" not in stderr, stderr
+    records = {
+        json.loads(line)["id"]: json.loads(line)
+        for line in (out / "requests.jsonl").read_text().splitlines()
+    }
+    assert len(records) == 3
+    finished = [r for r in records.values() if r["error"] is None]
+    assert (
+        len(finished) == 1
+        and len(finished[0]["output_token_ids"]) == 3 == done["usage"]["completion_tokens"]
+    )
+    assert {r["error"] for r in records.values() if r["error"]} == {"cancelled at shutdown"}
+    assert doc in records  # the document's id is its request's
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["accounting"]["submitted"] == 3 and summary["accounting"]["reconciled"]
+    assert (out / "iterations.jsonl").read_text().count("\n") >= 3
 
 
 def test_the_serve_command_answers_curl_and_stops_cleanly_on_sigint(tmp_path):

@@ -76,6 +76,8 @@ class Runtime:
         self._on_iteration, self._on_end = on_iteration, on_end
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._handles: dict[str, RequestHandle] = {}
+        # Requests held back until the request they share a prefix with has read it.
+        self._held: list[tuple[Request, Request]] = []  # (held, the one it waits for)
         self._ids = itertools.count()
         self._ids_lock = threading.Lock()
         self._closed = False
@@ -97,15 +99,23 @@ class Runtime:
         ttft_target_s: float | None = None,
         ttft_slowdown: float | Literal["class"] | None = "class",
         share_prefix: int | None = None,
+        after_prefix_of: RequestHandle | None = None,
     ) -> RequestHandle:
         """Queue prompt token ids; the returned handle streams the answer. The first token
         is wanted within `ttft_slowdown` times what the prompt takes alone on this device
         ("class": the class's default, 3 for foreground, none for background; None: no
         relative target), or within `ttft_target_s` seconds where given (absolute).
         `share_prefix`: how many of the prompt's first tokens to keep for later prompts
-        that start with them."""
+        that start with them. `after_prefix_of`: a request whose kept prefix this prompt
+        starts with; while it is still reading that prefix this one waits (its clock
+        running), so the prefix is restored rather than computed twice side by side."""
         if self._closed:
             raise RuntimeError("the runtime was shut down: create a new one to submit")
+        n_vocab = self.backend.tokenizer.vocab_size
+        bad = next((t for t in prompt if not 0 <= t < n_vocab), None)
+        if not prompt or bad is not None:  # llama.cpp aborts the process on either
+            what = "an empty prompt" if not prompt else f"token id {bad}"
+            raise ValueError(f"{what}: prompts are token ids from 0 to {n_vocab - 1}")
         with self._ids_lock:
             rid = request_id or f"{'chat' if cls == 'foreground' else 'doc'}-{next(self._ids)}"
         req = Request(
@@ -121,7 +131,8 @@ class Runtime:
             share_prefix=share_prefix,
         )
         handle = RequestHandle(req, self.backend.tokenizer.piece, lambda: self._cancel(req))
-        self._commands.put(("add", handle))
+        after = None if after_prefix_of is None else after_prefix_of.request
+        self._commands.put(("add", (handle, after)))
         if cls == "foreground":  # a document being read must not delay a chat's first token
             self.engine.preempt()
         return handle
@@ -154,14 +165,18 @@ class Runtime:
     ) -> RequestHandle:
         """A foreground answer to `question` about a document given to `index` earlier: the
         prompt is that document in the same template, then the question, so it starts with
-        the tokens the indexer kept (their state is restored, not computed again, once the
-        indexer has read them; before that, the document is computed as part of this)."""
+        the tokens the indexer kept, whose state is restored, not computed again. Asked while
+        the indexer still reads them, it waits until they are read (or the document ends)."""
+        prompt = self.question_prompt(document, question)
+        return self.submit(prompt, max_tokens=max_tokens, after_prefix_of=document, **kw)
+
+    def question_prompt(self, document: RequestHandle, question: str) -> list[int]:
+        """The prompt `ask` submits: the document's kept tokens, then the question."""
         kept = document.request.share_prefix
         if kept is None:
             raise ValueError("ask() takes a handle returned by index()")
         _, question_ids, tail = self._user_turn("", question)
-        prompt = document.request.prompt[:kept] + question_ids + tail
-        return self.submit(prompt, max_tokens=max_tokens, **kw)
+        return document.request.prompt[:kept] + question_ids + tail
 
     def _user_turn(
         self, document: str | list[int], instruction: str
@@ -192,6 +207,18 @@ class Runtime:
         self._commands.put(("cancel", req))
 
     # --- shutting down ------------------------------------------------------------------
+    def stop(self, *, cancel: bool = False) -> None:
+        """Stop accepting requests and, with `cancel`, end those in flight, without waiting
+        (a server's signal handler, which must not block its event loop); `shutdown`
+        waits."""
+        if not self._closed:
+            self._closed = True
+            self._commands.put(("stop", "cancelled at shutdown" if cancel else None))
+
+    @property
+    def accepting(self) -> bool:
+        return not self._closed
+
     def shutdown(self, *, cancel: bool = False, timeout: float | None = None) -> None:
         """Stop accepting requests; finish what is in flight (or cancel it), then stop the
         engine thread and write the summary when results are kept.
@@ -200,9 +227,7 @@ class Runtime:
         once instead: those requests fail with reason "interrupted", the summary is
         written marked interrupted, saved prefixes reach the disk whole, and then the
         signal goes on to the handler the program had (KeyboardInterrupt for Ctrl-C)."""
-        if not self._closed:
-            self._closed = True
-            self._commands.put(("stop", "cancelled at shutdown" if cancel else None))
+        self.stop(cancel=cancel)
         # Waits on an event, not Thread.join: a join interrupted by a signal marks the
         # thread stopped while it still runs (CPython's bpo-45274 handling).
         signum = None
@@ -239,6 +264,7 @@ class Runtime:
         try:
             while not (stopping and not self.engine.has_work):
                 stopping |= self._drain(block=not self.engine.has_work)  # idle: wait
+                self._release_held()  # a document cancelled or failed between iterations
                 if not self.engine.has_work:
                     continue
                 it = self.engine.step()
@@ -253,10 +279,10 @@ class Runtime:
                     self._handles[rid]._token(token)
                 for req in it.finished:
                     self._ended(req)
+                self._release_held()
         except BaseException:
             log.exception("the engine thread failed; failing every request in flight")
-            for req in self.engine.abort("the engine thread failed"):
-                self._ended(req)
+            self._abort("the engine thread failed")
             raise
         finally:
             try:
@@ -274,17 +300,54 @@ class Runtime:
                 return stop
             block = False
             if kind == "add":
-                self._handles[arg.id] = arg
-                if not self.engine.add(arg.request):
-                    self._ended(arg.request)
+                handle, after = arg
+                self._handles[handle.id] = handle
+                if after is not None and self._still_reading(after):
+                    self._held.append((handle.request, after))
+                else:
+                    self._add(handle.request)
             elif kind == "cancel":
-                if self.engine.cancel(arg):
+                if self._unhold(arg, "cancelled") or self.engine.cancel(arg):
                     self._ended(arg)
             elif kind == "stop":
                 stop = True
                 if arg is not None:  # why the requests in flight end now
-                    for req in self.engine.abort(arg):
-                        self._ended(req)
+                    self._abort(arg)
+
+    def _abort(self, reason: str) -> None:
+        """End every request in flight, held ones included, with `reason`."""
+        for req, _ in list(self._held):
+            self._unhold(req, reason)
+            self._ended(req)
+        for req in self.engine.abort(reason):
+            self._ended(req)
+
+    def _add(self, req: Request) -> None:
+        if not self.engine.add(req):
+            self._ended(req)
+
+    def _still_reading(self, req: Request) -> bool:
+        """`req` has not yet read the prefix it keeps, and will (a prefix cache holds it)."""
+        kept = req.share_prefix or 0
+        return self.backend.prefix_cache is not None and not req.done and req.num_computed < kept
+
+    def _release_held(self) -> None:
+        """Add the held requests whose prefix has been read (and saved) or never will be."""
+        if not self._held:
+            return
+        ready = [(r, a) for r, a in self._held if not self._still_reading(a)]
+        for pair in ready:
+            self._held.remove(pair)
+            self._add(pair[0])
+
+    def _unhold(self, req: Request, reason: str) -> bool:
+        """End a held request before it was ever added; False if it is not held."""
+        for pair in self._held:
+            if pair[0] is req:
+                self._held.remove(pair)
+                req.fail(reason)
+                return True
+        return False
 
     def _ended(self, req: Request) -> None:
         if self._writer is not None:

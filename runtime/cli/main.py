@@ -101,6 +101,18 @@ def run(workload: Path, policy_spec: str, out: Path | None, seed: int | None, **
     click.option(
         "--served-model-name", default=None, help="the model id clients send [default: file name]"
     ),
+    click.option(
+        "--max-queue", type=click.IntRange(0), default=None,
+        help="most requests waiting for a sequence; past it 429 with Retry-After [default: no limit]",
+    ),
+    click.option(
+        "--cancel-on-shutdown", is_flag=True,
+        help="at Ctrl-C or SIGTERM end the requests in flight at once, rather than finish them",
+    ),
+    click.option(
+        "--results", type=click.Path(file_okay=False, path_type=Path), default=None,
+        help="write requests.jsonl, iterations.jsonl and summary.json here, as `run` does",
+    ),
 )  # fmt: skip
 @device_options()
 def serve(
@@ -109,6 +121,9 @@ def serve(
     api_key: str | None,
     policy_spec: str,
     served_model_name: str | None,
+    max_queue: int | None,
+    cancel_on_shutdown: bool,
+    results: Path | None,
     **o: Any,
 ) -> None:
     """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models,
@@ -127,9 +142,9 @@ def serve(
         name = served_model_name or Path(backend.describe()["model"]).stem
         app, runtime = build(
             backend, policy_spec, profile=profile, limits=options.limits, api_key=api_key,
-            model_id=name,
+            model_id=name, results=results, max_queue=max_queue,
         )  # fmt: skip
-        run_server(app, runtime, host, port)
+        run_server(app, runtime, host, port, cancel_on_shutdown)
 
 
 @cli.command()

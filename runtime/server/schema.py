@@ -45,8 +45,11 @@ class Generation(BaseModel):
     n: int = Field(default=1, ge=1, le=1)  # one choice per request
     # vLLM's field: lower runs first; here <= 0 is foreground (a chat), > 0 background.
     priority: int = 0
-    # edgeprefill's extension: the first token wanted this many ms after arrival.
+    # edgeprefill's extensions: the first token wanted this many ms after arrival, and a
+    # document given to /v1/documents that the request asks about (only the question is
+    # computed once the document has been read).
     ttft_target_ms: float | None = Field(default=None, gt=0)
+    document_id: str | None = None
 
     @property
     def limit(self) -> int:

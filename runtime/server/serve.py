@@ -25,6 +25,7 @@ def build(
     api_key: str | None = None,
     model_id: str = "default",
     results: Path | None = None,
+    max_queue: int | None = None,
 ) -> tuple[Any, Runtime]:
     """The app and the runtime behind it (the caller shuts the runtime down)."""
     metrics = ServerMetrics()
@@ -38,16 +39,26 @@ def build(
         backend, policy, profile=profile, limits=limits, results=results,
         on_iteration=on_iteration, on_end=metrics.ended,
     )  # fmt: skip
-    return create_app(rt, model_id, metrics, api_key), rt
+    return create_app(rt, model_id, metrics, api_key, max_queue), rt
 
 
-def serve(app: Any, runtime: Runtime, host: str, port: int) -> None:
+def serve(
+    app: Any, runtime: Runtime, host: str, port: int, cancel_on_shutdown: bool = False
+) -> None:
+    """Until Ctrl-C or SIGTERM: then no new request is taken (503), and those in flight
+    finish (or, with `cancel_on_shutdown`, end at once, marked "cancelled at shutdown")
+    before the process exits."""
     import uvicorn
 
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            runtime.stop(cancel=cancel_on_shutdown)  # queued: the event loop never blocks
+            super().handle_exit(sig, frame)
+
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
+    server = Server(config)
     log.info("serving on http://%s:%d/v1 (Ctrl-C stops)", host, port)
     try:
-        server.run()  # returns at Ctrl-C or SIGTERM, once open responses have ended
+        server.run()  # returns once open responses have ended
     finally:
-        runtime.shutdown(cancel=True)
+        runtime.shutdown(cancel=cancel_on_shutdown)

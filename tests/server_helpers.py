@@ -1,0 +1,42 @@
+"""The app on a real loopback socket, for the server's tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import uvicorn
+
+from edgeprefill.runtime.api.runtime import Runtime
+
+KEY = "test-key"
+
+
+@contextmanager
+def serving(
+    make_backend: Callable[..., Any], **build_options: Any
+) -> Iterator[tuple[str, Runtime]]:
+    """The app on 127.0.0.1 at a free port, with an API key; its runtime stopped after."""
+    from edgeprefill.runtime.server.serve import build
+
+    be = make_backend(n_ctx=4096, n_seq_max=4, batching="fast")
+    app, runtime = build(
+        be, "static:64", profile=None, api_key=KEY, model_id="tiny", **build_options
+    )
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not srv.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    port = srv.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", runtime
+    finally:
+        srv.should_exit = True
+        thread.join(30)
+        runtime.shutdown(cancel=True)
