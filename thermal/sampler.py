@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any
 
 from edgeprefill.thermal.sensor import Sensor, SensorStatus
@@ -128,10 +127,5 @@ class TelemetrySampler:
     def __enter__(self) -> TelemetrySampler:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()

@@ -22,7 +22,6 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal
 
 from edgeprefill.runtime.api.handle import RequestHandle
@@ -250,13 +249,8 @@ class Runtime:
     def __enter__(self) -> Runtime:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.shutdown(cancel=exc is not None)
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown(cancel=exc_info[1] is not None)  # an exception: cancel what is in flight
 
     # --- the engine thread ------------------------------------------------------------
     def _loop(self) -> None:

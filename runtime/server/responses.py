@@ -1,0 +1,112 @@
+"""An answer as OpenAI's clients read it: one JSON body, or server-sent events (`data:
+{...}` chunks, then `data: [DONE]`), cut at stop strings, with `usage`."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import StreamingResponse
+
+from edgeprefill.runtime.api.handle import RequestHandle
+from edgeprefill.runtime.core.request import Request as EngineRequest
+from edgeprefill.runtime.server.schema import Generation
+
+
+async def respond(body: Generation, handle: RequestHandle, kind: str, model_id: str) -> Any:
+    """`kind`: "chat.completion" or "text_completion"."""
+    rid = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{handle.id}"
+    base = {"id": rid, "created": int(time.time()), "model": model_id}
+    pieces = _Stream(handle, body.stops)
+    if not body.stream:
+        text = "".join([p async for p in pieces])
+        return {
+            **base, "object": kind,
+            "choices": [_choice(kind, text, pieces.finish_reason(), whole=True)],
+            "usage": usage(handle.request),
+        }  # fmt: skip
+    chunk = {**base, "object": "chat.completion.chunk" if kind == "chat.completion" else kind}
+    events = _events(chunk, kind, pieces, body.include_usage)
+    return StreamingResponse(events, media_type="text/event-stream")
+
+
+async def _events(
+    base: dict[str, Any], kind: str, pieces: _Stream, include_usage: bool
+) -> AsyncIterator[str]:
+    handle = pieces.handle
+    try:
+        if kind == "chat.completion":
+            first = {"index": 0, "delta": {"role": "assistant", "content": ""}}
+            yield sse({**base, "choices": [{**first, "finish_reason": None}]})
+        async for text in pieces:
+            if text:
+                yield sse({**base, "choices": [_choice(kind, text, None, whole=False)]})
+        yield sse({**base, "choices": [_choice(kind, "", pieces.finish_reason(), whole=False)]})
+        if include_usage:
+            yield sse({**base, "choices": [], "usage": usage(handle.request)})
+        yield "data: [DONE]\n\n"
+    finally:
+        handle.cancel()  # the client went away: free its sequence (no-op once ended)
+
+
+def usage(req: EngineRequest) -> dict[str, Any]:
+    return {
+        "prompt_tokens": req.prompt_len,
+        "completion_tokens": len(req.output),
+        "total_tokens": req.prompt_len + len(req.output),
+        "prompt_tokens_details": {"cached_tokens": req.prefix_reused_tokens},
+    }
+
+
+def sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+def _choice(kind: str, text: str, finish: str | None, whole: bool) -> dict[str, Any]:
+    if kind == "chat.completion":
+        key = "message" if whole else "delta"
+        body = (
+            {"role": "assistant", "content": text} if whole else ({"content": text} if text else {})
+        )
+        return {"index": 0, key: body, "finish_reason": finish}
+    return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+
+
+class _Stream:
+    """A request's text as it streams, cut at the first stop string (which is not sent, as
+    OpenAI does); text that could still become a stop string is held back until it cannot."""
+
+    def __init__(self, handle: RequestHandle, stops: list[str]) -> None:
+        self.handle, self.stops = handle, stops
+        self.stopped = False
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        held = ""
+        async for piece in self.handle:
+            held += piece.text
+            if self.stops:
+                cut = min((held.find(s) for s in self.stops if s in held), default=-1)
+                if cut >= 0:
+                    self.stopped = True
+                    self.handle.cancel()
+                    yield held[:cut]
+                    return
+                keep = max((len(s) - 1 for s in self.stops), default=0)
+                safe = len(held) - keep
+                if safe > 0:
+                    yield held[:safe]
+                    held = held[safe:]
+            else:
+                yield held
+                held = ""
+        yield held
+
+    def finish_reason(self) -> str:
+        req = self.handle.request
+        if self.stopped or req.finish_reason == "stop":
+            return "stop"
+        if req.error:
+            return "error" if req.error != "cancelled" else "stop"
+        return "length"
