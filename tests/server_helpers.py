@@ -17,15 +17,18 @@ KEY = "test-key"
 
 @contextmanager
 def serving(
-    make_backend: Callable[..., Any], **build_options: Any
+    make_backend: Callable[..., Any],
+    policy: str = "static:64",
+    n_seq_max: int = 4,
+    **build_options: Any,
 ) -> Iterator[tuple[str, Runtime]]:
-    """The app on 127.0.0.1 at a free port, with an API key; its runtime stopped after."""
+    """The app on 127.0.0.1 at a free port, with an API key; its runtime stopped after.
+    A policy that needs the device's profile gets it measured now."""
     from edgeprefill.runtime.server.serve import build
 
-    be = make_backend(n_ctx=4096, n_seq_max=4, batching="fast")
-    app, runtime = build(
-        be, "static:64", profile=None, api_key=KEY, model_id="tiny", **build_options
-    )
+    be = make_backend(n_ctx=4096, n_seq_max=n_seq_max, batching="fast")
+    profile = "probe" if policy.startswith("cadence") else None
+    app, runtime = build(be, policy, profile=profile, api_key=KEY, model_id="tiny", **build_options)  # type: ignore[arg-type]
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, daemon=True)

@@ -189,6 +189,45 @@ def test_a_chat_goes_ahead_of_a_long_document_and_a_dropped_stream_frees_its_seq
     assert 'edgeprefill_requests_ended_total{cls="foreground",outcome="error"} 1.0' in metrics
 
 
+def test_32_concurrent_streams_end_once_each_and_background_prompts_never_ride_with_chats(
+    make_backend, tmp_path
+):
+    """32 clients at once (asyncio, httpx), a quarter of them background work with longer
+    prompts, on the default policy: every stream ends with [DONE], each request is in
+    requests.jsonl once, the accounting reconciles, and no iteration computed a priority-1
+    prompt beside a priority-0 one."""
+    import asyncio
+
+    out = tmp_path / "served"
+
+    async def one(c: httpx.AsyncClient, i: int) -> tuple[int, list[str]]:
+        background = i % 4 == 0
+        prompt = f"Notes {i}: " + "the tide came in and went out. " * (60 if background else 2)
+        body = {"prompt": prompt, "max_tokens": 6, "stream": True, "priority": int(background)}
+        async with c.stream("POST", "/v1/completions", json=body) as r:
+            return r.status_code, [line async for line in r.aiter_lines() if line]
+
+    async def clients() -> list[tuple[int, list[str]]]:
+        auth = {"Authorization": f"Bearer {KEY}"}
+        async with httpx.AsyncClient(base_url=base, headers=auth, timeout=600) as c:
+            return await asyncio.gather(*(one(c, i) for i in range(32)))
+
+    with serving(make_backend, policy="cadence", n_seq_max=8, results=out) as (base, _):
+        answers = asyncio.run(clients())
+    for status, lines in answers:
+        assert status == 200 and lines[-1] == "data: [DONE]", lines[-3:]
+        assert all(line.startswith("data: ") for line in lines)
+    records = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
+    assert len(records) == 32 == len({r["id"] for r in records})
+    assert all(r["error"] is None and len(r["output_token_ids"]) == 6 for r in records)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["accounting"]["submitted"] == 32 and summary["accounting"]["reconciled"]
+    iterations = [json.loads(x) for x in (out / "iterations.jsonl").read_text().splitlines()]
+    chats_prompts = [i for i in iterations if i["n_prefill_foreground"]]
+    assert chats_prompts and not any(i["n_prefill_background"] for i in chats_prompts)
+    assert any(i["n_prefill_background"] for i in iterations)
+
+
 def test_a_full_queue_is_429_with_retry_after_and_a_stopping_server_503(make_backend):
     with serving(make_backend, max_queue=1) as (base, runtime):
         h = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
