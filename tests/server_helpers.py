@@ -28,7 +28,8 @@ def serving(
 
     be = make_backend(n_ctx=4096, n_seq_max=n_seq_max, batching="fast")
     profile = "probe" if policy.startswith("cadence") else None
-    app, runtime = build(be, policy, profile=profile, api_key=KEY, model_id="tiny", **build_options)  # type: ignore[arg-type]
+    served = build(be, policy, profile=profile, api_key=KEY, model_id="tiny", **build_options)  # type: ignore[arg-type]
+    app, runtime = served.app, served.runtime
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, daemon=True)
@@ -42,4 +43,4 @@ def serving(
     finally:
         srv.should_exit = True
         thread.join(30)
-        runtime.shutdown(cancel=True)
+        served.close(cancel=True)

@@ -66,7 +66,14 @@ ALLOWED = {
         "runtime.runner.calibration",
         "runtime.api",
     ],
-    "runtime/server": ["runtime.core", "runtime.policies", "runtime.api", "runtime.server"],
+    # The server samples the sensors as `run` does, for energy per token.
+    "runtime/server": [
+        "runtime.core",
+        "runtime.policies",
+        "runtime.api",
+        "runtime.server",
+        "thermal",
+    ],
     "runtime/runner": [
         "runtime.core",
         "runtime.policies",

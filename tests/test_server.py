@@ -228,6 +228,27 @@ def test_32_concurrent_streams_end_once_each_and_background_prompts_never_ride_w
     assert any(i["n_prefill_background"] for i in iterations)
 
 
+def test_metrics_report_energy_per_token_where_rapl_measures_it(make_backend, tmp_path):
+    """RAPL is the thin layer no machine here has: a fake powercap tree whose counter the
+    test moves by 2 J while 4 tokens are generated."""
+    from edgeprefill.thermal.telemetry import TelemetryConfig
+    from tests.test_thermal import rapl_domain
+
+    energy = rapl_domain(tmp_path, "intel-rapl:0", "package-0", 0)
+    telemetry = TelemetryConfig(period_s=0.05, root=tmp_path)
+    with serving(make_backend, telemetry=telemetry) as (base, _):
+        h = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
+        assert "edgeprefill_energy_joules_per_token{" not in h.get("/metrics").text
+        r = h.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 4})
+        assert r.json()["usage"]["completion_tokens"] == 4
+        energy.write_text("2000000")  # microjoules
+        time.sleep(0.5)  # sampled after the move
+        lines = h.get("/metrics").text.splitlines()
+    line = next(x for x in lines if x.startswith("edgeprefill_energy_joules_per_token{"))
+    assert 'device="cpu"' in line and 'source="rapl:package-0"' in line
+    assert float(line.split()[-1]) == pytest.approx(2.0 / 4)
+
+
 def test_a_full_queue_is_429_with_retry_after_and_a_stopping_server_503(make_backend):
     with serving(make_backend, max_queue=1) as (base, runtime):
         h = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)

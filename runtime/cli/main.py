@@ -140,11 +140,11 @@ def serve(
     options = run_options(o, progress=False)
     with open_device(o) as (make_backend, profile), make_backend() as backend:
         name = served_model_name or Path(backend.describe()["model"]).stem
-        app, runtime = build(
+        served = build(
             backend, policy_spec, profile=profile, limits=options.limits, api_key=api_key,
-            model_id=name, results=results, max_queue=max_queue,
+            model_id=name, results=results, max_queue=max_queue, telemetry=options.telemetry,
         )  # fmt: skip
-        run_server(app, runtime, host, port, cancel_on_shutdown)
+        run_server(served, host, port, cancel_on_shutdown)
 
 
 @cli.command()

@@ -9,6 +9,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from edgeprefill.runtime.core.iteration import Iteration
 from edgeprefill.runtime.core.request import CLASSES, Request
+from edgeprefill.thermal.energy import cpu_series, gpu_series
+from edgeprefill.thermal.sampler import TelemetrySampler
 
 # Seconds: chat TTFT from tens of ms to a document's minutes; ITL from a few ms to stalls.
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128)
@@ -51,6 +53,19 @@ class ServerMetrics:
         self.kv_tokens = Counter(
             "edgeprefill_kv_restored_tokens", "prompt tokens restored, not computed", registry=r
         )
+        self.tokens = Counter(
+            "edgeprefill_output_tokens", "tokens generated, by class", ["cls"], registry=r
+        )
+        self.energy = Gauge(
+            "edgeprefill_energy_joules_per_token",
+            "energy measured since the server started over the tokens generated since, by "
+            "device and source (RAPL, NVML, or an estimate from a declared TDP); absent where "
+            "nothing measures it",
+            ["device", "source"], registry=r,
+        )  # fmt: skip
+        self._sampler: TelemetrySampler | None = None
+        self._tdp_w: float | None = None
+        self._n_tokens = 0
         for cls in CLASSES:  # every series present from the start
             self.waiting.labels(cls).set(0)
             self.running.labels(cls).set(0)
@@ -63,8 +78,14 @@ class ServerMetrics:
             self.waiting.labels(cls).set(len(scheduler.waiting[cls]))
             self.running.labels(cls).set(sum(r.cls == cls for r in scheduler.running))
 
+    def measure_energy(self, sampler: TelemetrySampler, tdp_w: float | None) -> None:
+        """Report energy per token from `sampler`'s samples (read when /metrics is asked)."""
+        self._sampler, self._tdp_w = sampler, tdp_w
+
     def ended(self, req: Request) -> None:
         self.requests.labels(req.cls, "error" if req.error else "completed").inc()
+        self.tokens.labels(req.cls).inc(len(req.output))
+        self._n_tokens += len(req.output)
         if req.token_times_s:
             self.ttft.labels(req.cls).observe(req.token_times_s[0] - req.arrival_s)
             for gap in np.diff(req.token_times_s):
@@ -74,4 +95,17 @@ class ServerMetrics:
             self.kv_tokens.inc(req.prefix_reused_tokens)
 
     def text(self) -> bytes:
+        self._update_energy()
         return generate_latest(self.registry)
+
+    def _update_energy(self) -> None:
+        if self._sampler is None or not self._n_tokens:
+            return
+        samples = list(self._sampler.samples)
+        for device, series in (
+            ("cpu", cpu_series(samples, self._tdp_w)),
+            ("gpu", gpu_series(samples)),
+        ):
+            if series is not None:
+                joules = series.between(float(series.t_s[0]), float(series.t_s[-1]))
+                self.energy.labels(device, series.source).set(joules / self._n_tokens)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,27 @@ from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.scheduler import BackgroundLimits
 from edgeprefill.runtime.server.app import create_app
 from edgeprefill.runtime.server.metrics import ServerMetrics
+from edgeprefill.thermal.sampler import TelemetrySampler
+from edgeprefill.thermal.telemetry import TelemetryConfig, default_sensors
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Served:
+    """What `serve` runs: the app, the runtime behind it and the telemetry sampler beside
+    it; `close` stops both (after the HTTP server has stopped)."""
+
+    app: Any
+    runtime: Runtime
+    sampler: TelemetrySampler | None = None
+
+    def close(self, cancel: bool = False) -> None:
+        try:
+            self.runtime.shutdown(cancel=cancel)
+        finally:
+            if self.sampler is not None:
+                self.sampler.stop()
 
 
 def build(
@@ -26,8 +46,10 @@ def build(
     model_id: str = "default",
     results: Path | None = None,
     max_queue: int | None = None,
-) -> tuple[Any, Runtime]:
-    """The app and the runtime behind it (the caller shuts the runtime down)."""
+    telemetry: TelemetryConfig | None = None,
+) -> Served:
+    """The app, the runtime behind it and, with `telemetry`, the sensors sampled beside it
+    (energy per token in /metrics where measured; telemetry.jsonl beside `results`)."""
     metrics = ServerMetrics()
     rt: Runtime | None = None
 
@@ -39,26 +61,33 @@ def build(
         backend, policy, profile=profile, limits=limits, results=results,
         on_iteration=on_iteration, on_end=metrics.ended,
     )  # fmt: skip
-    return create_app(rt, model_id, metrics, api_key, max_queue), rt
+    sampler = None
+    if telemetry is not None:
+        out = None if results is None else results / "telemetry.jsonl"
+        sampler = TelemetrySampler(
+            default_sensors(telemetry), rt.engine.clock.now, out, telemetry.period_s
+        ).start()
+        metrics.measure_energy(sampler, telemetry.tdp_w)
+    return Served(create_app(rt, model_id, metrics, api_key, max_queue), rt, sampler)
 
 
-def serve(
-    app: Any, runtime: Runtime, host: str, port: int, cancel_on_shutdown: bool = False
-) -> None:
+def serve(served: Served, host: str, port: int, cancel_on_shutdown: bool = False) -> None:
     """Until Ctrl-C or SIGTERM: then no new request is taken (503), and those in flight
     finish (or, with `cancel_on_shutdown`, end at once, marked "cancelled at shutdown")
     before the process exits."""
     import uvicorn
+
+    runtime = served.runtime
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
             runtime.stop(cancel=cancel_on_shutdown)  # queued: the event loop never blocks
             super().handle_exit(sig, frame)
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+    config = uvicorn.Config(served.app, host=host, port=port, log_level="warning", lifespan="off")
     server = Server(config)
     log.info("serving on http://%s:%d/v1 (Ctrl-C stops)", host, port)
     try:
         server.run()  # returns once open responses have ended
     finally:
-        runtime.shutdown(cancel=cancel_on_shutdown)
+        served.close(cancel=cancel_on_shutdown)
