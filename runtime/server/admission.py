@@ -95,4 +95,5 @@ def _options(body: Generation, max_tokens: int) -> dict[str, Any]:
         "cls": body.cls,
         "sampling": body.sampling(),
         "ttft_target_s": None if body.ttft_target_ms is None else body.ttft_target_ms / 1e3,
+        "ignore_eos": body.ignore_eos,
     }

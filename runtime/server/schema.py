@@ -50,6 +50,8 @@ class Generation(BaseModel):
     # computed once the document has been read).
     ttft_target_ms: float | None = Field(default=None, gt=0)
     document_id: str | None = None
+    # vLLM's and llama-server's extension: keep generating past end-of-text (benchmarks).
+    ignore_eos: bool = False
 
     @property
     def limit(self) -> int:

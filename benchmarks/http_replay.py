@@ -1,0 +1,173 @@
+"""Replay a workload's exact trace against any OpenAI-compatible server over HTTP, and write
+the same result files as `edgeprefill run`, so that `report` and `compare` read both.
+
+    # a server already listening (edgeprefill serve, llama-server, vllm serve):
+    .venv/bin/python benchmarks/http_replay.py workloads/assistant_plus_indexer.yaml \
+        --url http://127.0.0.1:8080 --out results/http-serve [--seed 0]
+    # or start `edgeprefill serve` for the replay and stop it after:
+    .venv/bin/python benchmarks/http_replay.py workloads/assistant_plus_indexer.yaml \
+        --serve "--policy cadence" --out results/http-serve
+
+The requests are exactly those `edgeprefill run` builds for the workload and seed (same
+arrivals, prompt token ids, output lengths; `arrivals.jsonl` byte-identical), sent as token
+ids to `POST /v1/completions` at their arrival times (a closed-loop turn `think_s` after the
+one before it ended), streamed, greedy, with `ignore_eos` as the workload says and vLLM's
+`priority` (0 for chats, 1 for documents). Each streamed chunk is stamped as it arrives on
+the replay's clock; a chunk whose text spans several tokens (a character split across them)
+stamps them all at its arrival, and the final `usage` gives the count. So the times include
+HTTP on the server's side and the client's, as a user's program sees them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+from llama_server import replay, summary
+
+from edgeprefill.backends.bundled_model import default_model_path
+from edgeprefill.backends.llamacpp.native import LlamaModel
+from edgeprefill.backends.llamacpp.tokenizer import LlamaTokenizer
+from edgeprefill.runtime.core.request import Request
+from edgeprefill.runtime.traffic.build import build_requests, format_trace
+from edgeprefill.runtime.traffic.workload import load_workload
+from edgeprefill.thermal.machine import describe_machine
+
+
+class Endpoint:
+    """An OpenAI-compatible server's /v1/completions, one streamed request per call."""
+
+    def __init__(self, url: str, model: str | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.model = model
+        self.client = httpx.Client(timeout=httpx.Timeout(3600, connect=10))
+
+    def complete(self, req: Request, clock: Any) -> None:
+        body = {
+            "prompt": req.prompt, "max_tokens": req.max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}, "temperature": 0.0,
+            "ignore_eos": req.ignore_eos, "priority": int(req.cls == "background"),
+            **({"model": self.model} if self.model else {}),
+        }  # fmt: skip
+        times: list[float] = []
+        n_tokens = None
+        with self.client.stream("POST", f"{self.url}/v1/completions", json=body) as resp:
+            if resp.status_code != 200:
+                req.fail(f"the server answered {resp.status_code}: {resp.read()[:200]!r}")
+                return
+            for line in resp.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[len("data: ") :])
+                now = clock()
+                if chunk.get("usage"):
+                    n_tokens = chunk["usage"]["completion_tokens"]
+                for choice in chunk.get("choices", []):
+                    if choice.get("text"):
+                        times.append(now)
+                    if choice.get("finish_reason"):
+                        req.finish_reason = choice["finish_reason"]
+        if req.finish_reason is None or n_tokens is None:
+            req.fail("the stream ended without a finish reason and usage")
+            return
+        times += [times[-1] if times else clock()] * max(0, n_tokens - len(times))
+        req.token_times_s.extend(times[:n_tokens])
+        req.output.extend([0] * n_tokens)  # the count is what is compared, not the ids
+        req.num_computed = req.prompt_len
+
+
+class ServeProcess:
+    """`edgeprefill serve` on a free loopback port for the replay."""
+
+    def __init__(self, args: str, log: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        cmd = [sys.executable, "-m", "edgeprefill.runtime.cli.main", "serve"]
+        self._log = log.open("w")
+        self.proc = subprocess.Popen(
+            [*cmd, "--port", str(self.port), *shlex.split(args)],
+            stdout=self._log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        self.url = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.5)
+        self.close()
+        raise RuntimeError(f"edgeprefill serve did not come up; see {log}")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._log.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("workload", type=Path)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--seed", type=int, default=None)
+    where = ap.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="a server already listening, e.g. http://127.0.0.1:8080")
+    where.add_argument("--serve", help="start `edgeprefill serve` with these options")
+    ap.add_argument("--model", default=None, help="the model name to send [default: none]")
+    args = ap.parse_args()
+    spec = load_workload(args.workload)
+    model = LlamaModel(default_model_path())
+    try:
+        requests = build_requests(spec, LlamaTokenizer(model), args.seed)
+    finally:
+        model.close()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "arrivals.jsonl").write_text(format_trace(requests))
+    server = None if args.url else ServeProcess(args.serve, args.out / "server.log")
+    url = args.url or server.url  # type: ignore[union-attr]
+    started = datetime.now(UTC)
+    try:
+        duration = replay(Endpoint(url, args.model), requests)  # type: ignore[arg-type]
+    finally:
+        if server is not None:
+            server.close()
+    with (args.out / "requests.jsonl").open("w") as f:
+        for r in requests:
+            f.write(json.dumps(r.record()) + "\n")
+    name = "edgeprefill serve " + args.serve if args.serve is not None else url
+    meta = {
+        "backend": {"name": "http", "url": url, "server": name},
+        "simulated": False,
+        "policy": {"name": "http", "spec": name},
+        "workload": {"name": spec.name, "path": str(args.workload)},
+        "seed": spec.seed if args.seed is None else args.seed,
+        "start_time": started.isoformat(),
+        "machine": describe_machine(),
+    }
+    s = summary(requests, duration, meta)
+    (args.out / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
+    fg, bg = s["foreground"], s["background"]
+    print(
+        f"{name}: {s['completed']}/{len(requests)} completed, fg mean TTFT "
+        f"{fg['mean_ttft_ms']:.0f} ms, fg P99 ITL {fg['p99_itl_ms']:.0f} ms, bg makespan "
+        f"{bg['makespan_s']:.1f} s"
+    )
+    print(f"results: {args.out}")
+
+
+if __name__ == "__main__":
+    main()
