@@ -42,6 +42,10 @@ class RequestHandle:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._events: queue.SimpleQueue[Piece | object] = queue.SimpleQueue()
         self._done = threading.Event()
+        # Set once an `async for` consumes it: events then go straight to its event loop.
+        self._async: tuple[asyncio.AbstractEventLoop, asyncio.Queue[Piece | object]] | None
+        self._async = None
+        self._lock = threading.Lock()
 
     @property
     def id(self) -> str:
@@ -76,18 +80,42 @@ class RequestHandle:
             yield event  # type: ignore[misc]
 
     async def __aiter__(self) -> AsyncIterator[Piece]:
-        while (event := await asyncio.to_thread(self._events.get)) is not _END:
+        """Events reach the event loop by `call_soon_threadsafe`, not by a thread blocked
+        on the queue: one waiting thread per stream ran asyncio's default executor out of
+        threads (a few per core) with twenty open streams, and tokens queued behind them
+        (a served run's P99 ITL was 1.4 s where `run` had 0.1 s)."""
+        events: asyncio.Queue[Piece | object] = asyncio.Queue()
+        with self._lock:
+            while True:  # what arrived before this consumer did, in order
+                try:
+                    events.put_nowait(self._events.get_nowait())
+                except queue.Empty:
+                    break
+            self._async = (asyncio.get_running_loop(), events)
+        while (event := await events.get()) is not _END:
             yield event  # type: ignore[misc]
 
     # --- called from the engine thread ---------------------------------------------
     def _token(self, token: int) -> None:
         """Called after the scheduler appended and stamped the token."""
         time_s = self.request.token_times_s[-1]
-        self._events.put(Piece(token, self._decoder.decode(self._piece(token)), time_s))
+        self._put(Piece(token, self._decoder.decode(self._piece(token)), time_s))
 
     def _end(self) -> None:
         tail = self._decoder.decode(b"", final=True)
         if tail:
-            self._events.put(Piece(None, tail, self.request.token_times_s[-1]))
+            self._put(Piece(None, tail, self.request.token_times_s[-1]))
         self._done.set()
-        self._events.put(_END)
+        self._put(_END)
+
+    def _put(self, event: Piece | object) -> None:
+        with self._lock:
+            target = self._async
+            if target is None:
+                self._events.put(event)
+                return
+        loop, events = target
+        try:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+        except RuntimeError:  # its event loop is closed: nobody is listening any more
+            pass
