@@ -32,15 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from llama_server import replay, summary
+from llama_server import replay, run_meta, stop, trace, write_results
 
-from edgeprefill.backends.bundled_model import default_model_path
-from edgeprefill.backends.llamacpp.native import LlamaModel
-from edgeprefill.backends.llamacpp.tokenizer import LlamaTokenizer
 from edgeprefill.runtime.core.request import Request
-from edgeprefill.runtime.traffic.build import build_requests, format_trace
 from edgeprefill.runtime.traffic.workload import load_workload
-from edgeprefill.thermal.machine import describe_machine
 
 
 class Endpoint:
@@ -110,12 +105,7 @@ class ServeProcess:
         raise RuntimeError(f"edgeprefill serve did not come up; see {log}")
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        stop(self.proc, timeout_s=120)  # it finishes what is in flight first
         self._log.close()
 
 
@@ -130,13 +120,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="the model name to send [default: none]")
     args = ap.parse_args()
     spec = load_workload(args.workload)
-    model = LlamaModel(default_model_path())
-    try:
-        requests = build_requests(spec, LlamaTokenizer(model), args.seed)
-    finally:
-        model.close()
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "arrivals.jsonl").write_text(format_trace(requests))
+    requests = trace(spec, args.seed, args.out)
     server = None if args.url else ServeProcess(args.serve, args.out / "server.log")
     url = args.url or server.url  # type: ignore[union-attr]
     started = datetime.now(UTC)
@@ -145,28 +129,11 @@ def main() -> None:
     finally:
         if server is not None:
             server.close()
-    with (args.out / "requests.jsonl").open("w") as f:
-        for r in requests:
-            f.write(json.dumps(r.record()) + "\n")
     name = "edgeprefill serve " + args.serve if args.serve is not None else url
-    meta = {
-        "backend": {"name": "http", "url": url, "server": name},
-        "simulated": False,
-        "policy": {"name": "http", "spec": name},
-        "workload": {"name": spec.name, "path": str(args.workload)},
-        "seed": spec.seed if args.seed is None else args.seed,
-        "start_time": started.isoformat(),
-        "machine": describe_machine(),
-    }
-    s = summary(requests, duration, meta)
-    (args.out / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
-    fg, bg = s["foreground"], s["background"]
-    print(
-        f"{name}: {s['completed']}/{len(requests)} completed, fg mean TTFT "
-        f"{fg['mean_ttft_ms']:.0f} ms, fg P99 ITL {fg['p99_itl_ms']:.0f} ms, bg makespan "
-        f"{bg['makespan_s']:.1f} s"
-    )
-    print(f"results: {args.out}")
+    backend = {"name": "http", "url": url, "server": name}
+    seed = spec.seed if args.seed is None else args.seed
+    meta = run_meta(backend, name, args.workload, seed, started)
+    write_results(args.out, requests, duration, meta, name)
 
 
 if __name__ == "__main__":

@@ -98,13 +98,18 @@ class Server:
             req.fail("the stream ended without a final chunk")
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        stop(self.proc, timeout_s=30)
         self._log.close()
+
+
+def stop(proc: subprocess.Popen, timeout_s: float) -> None:
+    """SIGTERM, and SIGKILL if it has not exited after `timeout_s`."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def replay(server: Server, requests: list[Request]) -> float:
@@ -179,13 +184,7 @@ def main() -> None:
     args = ap.parse_args()
     spec = load_workload(args.workload)
     model_path = default_model_path()
-    model = LlamaModel(model_path)
-    try:
-        requests = build_requests(spec, LlamaTokenizer(model), args.seed)
-    finally:
-        model.close()
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "arrivals.jsonl").write_text(format_trace(requests))
+    requests = trace(spec, args.seed, args.out)
     server_args = ["-t", str(args.threads), "-c", str(args.n_ctx * (args.slots or 4))]
     server_args += (["-np", str(args.slots)] if args.slots else []) + shlex.split(args.server_args)
     started = datetime.now(UTC)
@@ -194,28 +193,58 @@ def main() -> None:
         duration = replay(server, requests)
     finally:
         server.close()
-    with (args.out / "requests.jsonl").open("w") as f:
-        for r in requests:
-            f.write(json.dumps(r.record()) + "\n")
     spec_text = "llama-server " + " ".join(server_args)
-    meta = {
-        "backend": {"name": "llama-server", "args": server_args, "model": str(model_path)},
+    backend = {"name": "llama-server", "args": server_args, "model": str(model_path)}
+    meta = run_meta(
+        backend, spec_text, args.workload, spec.seed if args.seed is None else args.seed, started
+    )
+    write_results(args.out, requests, duration, meta, spec_text)
+
+
+def trace(spec: Any, seed: int | None, out: Path) -> list[Request]:
+    """The requests `edgeprefill run` builds for the workload and seed, and their
+    arrivals.jsonl in `out` (byte-identical to run's)."""
+    model = LlamaModel(default_model_path())
+    try:
+        requests = build_requests(spec, LlamaTokenizer(model), seed)
+    finally:
+        model.close()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "arrivals.jsonl").write_text(format_trace(requests))
+    return requests
+
+
+def run_meta(
+    backend: dict[str, Any], label: str, workload: Path, seed: int, started: datetime
+) -> dict[str, Any]:
+    """summary.json's description of a replay, in `edgeprefill run`'s fields."""
+    return {
+        "backend": backend,
         "simulated": False,
-        "policy": {"name": "llama-server", "spec": spec_text},
-        "workload": {"name": spec.name, "path": str(args.workload)},
-        "seed": spec.seed if args.seed is None else args.seed,
+        "policy": {"name": backend["name"], "spec": label},
+        "workload": {"name": load_workload(workload).name, "path": str(workload)},
+        "seed": seed,
         "start_time": started.isoformat(),
         "machine": describe_machine(),
     }
+
+
+def write_results(
+    out: Path, requests: list[Request], duration: float, meta: dict[str, Any], label: str
+) -> None:
+    """requests.jsonl and summary.json as `edgeprefill run` writes them, and one line."""
+    with (out / "requests.jsonl").open("w") as f:
+        for r in requests:
+            f.write(json.dumps(r.record()) + "\n")
     s = summary(requests, duration, meta)
-    (args.out / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
+    (out / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
     fg, bg = s["foreground"], s["background"]
     print(
-        f"{spec_text}: {s['completed']}/{len(requests)} completed, makespan "
+        f"{label}: {s['completed']}/{len(requests)} completed, makespan "
         f"{s['makespan_s']:.1f} s, fg mean TTFT {fg['mean_ttft_ms']:.0f} ms, fg P99 ITL "
         f"{fg['p99_itl_ms']:.0f} ms, bg makespan {bg['makespan_s']:.1f} s"
     )
-    print(f"results: {args.out}")
+    print(f"results: {out}")
 
 
 if __name__ == "__main__":
