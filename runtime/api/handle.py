@@ -43,8 +43,7 @@ class RequestHandle:
         self._events: queue.SimpleQueue[Piece | object] = queue.SimpleQueue()
         self._done = threading.Event()
         # Set once an `async for` consumes it: events then go straight to its event loop.
-        self._async: tuple[asyncio.AbstractEventLoop, asyncio.Queue[Piece | object]] | None
-        self._async = None
+        self._async: tuple[asyncio.AbstractEventLoop, asyncio.Queue[Piece | object]] | None = None
         self._lock = threading.Lock()
 
     @property
