@@ -75,10 +75,25 @@ def cpu_has_amx() -> bool:
         return False
 
 
-class LlamaModel:
+class Native:
+    """Owns one object llama.cpp allocated, at `ptr`; `close()` frees it with `free` once
+    (a second call, or one after a failed allocation, does nothing)."""
+
+    ptr: Any = None
+    free: Any  # the llama.cpp function that frees `ptr`
+
+    def close(self) -> None:
+        if self.ptr:
+            type(self).free(self.ptr)
+            self.ptr = None
+
+
+class LlamaModel(Native):
     """GGUF weights. `repack=None` repacks weights into llama.cpp's extra CPU buffer types
     except on CPUs with AMX, where the AMX Q4_K matmul segfaults on the first decode
     (ggml-org/llama.cpp#20824, seen here with llama-cpp-python 0.3.36)."""
+
+    free = lc.llama_model_free
 
     def __init__(self, path: Path, repack: bool | None = None) -> None:
         init_llama()
@@ -100,13 +115,8 @@ class LlamaModel:
     def chat_template(self) -> bytes | None:
         return lc.llama_model_chat_template(self.ptr, None)
 
-    def close(self) -> None:
-        if self.ptr:
-            lc.llama_model_free(self.ptr)
-            self.ptr = None
 
-
-class LlamaContext:
+class LlamaContext(Native):
     """One context holding `n_seq_max` sequences of up to `n_ctx` cells each.
 
     By default every sequence has its own KV stream (`kv_unified=False`): a token then
@@ -114,6 +124,8 @@ class LlamaContext:
     token of a batch attends over every resident sequence's cells, masked; with documents
     resident that made mixed iterations about 1.5-2x slower on this model and CPU.
     """
+
+    free = lc.llama_free
 
     def __init__(
         self,
@@ -194,11 +206,6 @@ class LlamaContext:
         """The highest position held for `seq_id`, or -1 when it holds no cells."""
         return lc.llama_memory_seq_pos_max(self.memory, seq_id)
 
-    def close(self) -> None:
-        if self.ptr:
-            lc.llama_free(self.ptr)
-            self.ptr = None
-
 
 class LlamaBatch:
     """A reusable `llama_batch` of at most `size` tokens, filled in place every iteration."""
@@ -255,8 +262,10 @@ class LlamaBatch:
             self._live = False
 
 
-class LlamaSampler:
+class LlamaSampler(Native):
     """A sampler chain for one request: greedy, or top-p + temperature + seeded draw."""
+
+    free = lc.llama_sampler_free
 
     def __init__(self, params: SamplingParams) -> None:
         self.ptr = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
@@ -269,8 +278,3 @@ class LlamaSampler:
 
     def sample(self, ctx: LlamaContext, batch_index: int) -> int:
         return lc.llama_sampler_sample(self.ptr, ctx.ptr, batch_index)
-
-    def close(self) -> None:
-        if self.ptr:
-            lc.llama_sampler_free(self.ptr)
-            self.ptr = None

@@ -86,18 +86,12 @@ class AttentionFacts:
         return full * self.decode_step_s[step] + (self.decode_step_s[rest] if rest else 0.0)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "flash_attn": self.flash_attn,
-            "max_decode_group": self.max_decode_group,
-            "piece_rule": self.piece_rule,
-            "exact": self.exact,
-            "decode_group_ok": self.decode_group_ok,
-            "piece_ok": self.piece_ok,
-            "tail_ok": self.tail_ok,
-            "decode_step_ms": {g: s * 1e3 for g, s in self.decode_step_s.items()},
-            "prefill_tok_s": self.prefill_tok_s,
-            "deep_chunk_ms": self.deep_chunk_s * 1e3,
-        }
+        """The measurements (times in ms), and for a reader of the cache what follows."""
+        d = asdict(self)
+        d["decode_step_ms"] = {g: s * 1e3 for g, s in d.pop("decode_step_s").items()}
+        d["deep_chunk_ms"] = d.pop("deep_chunk_s") * 1e3
+        derived = {"max_decode_group": self.max_decode_group, "piece_rule": self.piece_rule}
+        return {**d, **derived, "exact": self.exact}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AttentionFacts:

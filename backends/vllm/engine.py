@@ -58,12 +58,12 @@ class VllmEngine:
 
     @property
     def guard(self) -> Any:
-        return self.scheduler.ep_guard
+        return self.scheduler.ep_planner.guard
 
     @guard.setter
     def guard(self, guard: Any) -> None:
         """The thermal guard caps background prompt tokens inside vLLM's scheduler."""
-        self.scheduler.ep_guard = guard
+        self.scheduler.ep_planner.guard = guard
 
     @property
     def has_work(self) -> bool:

@@ -83,18 +83,6 @@ class BudgetMixin:
             self, "ep_ttft_targets", {}
         )
 
-    @property
-    def ep_policy(self) -> BudgetPolicy:
-        return self.ep_planner.policy
-
-    @property
-    def ep_guard(self) -> BackgroundCap | None:
-        return self.ep_planner.guard
-
-    @ep_guard.setter
-    def ep_guard(self, guard: BackgroundCap | None) -> None:
-        self.ep_planner.guard = guard
-
     # --- before the step --------------------------------------------------------------
     def _ep_candidates(self) -> list[Candidate]:
         """vLLM's running and waiting requests as the planner sees requests (vLLM stamps

@@ -18,10 +18,11 @@ import click
 import cloup
 
 from edgeprefill.runtime.cli.flags import as_flags
-from edgeprefill.runtime.cli.options import device_options, run_options
+from edgeprefill.runtime.cli.options import PATH, device_options, run_options
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.policies import DEFAULT_POLICY
 from edgeprefill.runtime.runner.devices import open_device
+from edgeprefill.runtime.runner.devices.kind import option
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -35,23 +36,14 @@ def cli() -> None:
 @click.argument("workload", type=click.Path(path_type=Path))
 @cloup.option_group(
     "Run",
-    click.option(
-        "--policy",
-        "policy_spec",
-        default=DEFAULT_POLICY,
-        show_default=True,
-        help="prefill budget policy: static:N, unlimited, ppas[:nth=,bmax=,bcap=], "
+    option(
+        "--policy policy_spec",
+        DEFAULT_POLICY,
+        "prefill budget policy: static:N, unlimited, ppas[:nth=,bmax=,bcap=], "
         "dlfp[:target_ms=,...], cadence[:itl_ms=,tail_pct=,share=]",
     ),
-    click.option(
-        "--out",
-        type=click.Path(path_type=Path),
-        default=None,
-        help="results folder [default: results/WORKLOAD-POLICY-TIME]",
-    ),
-    click.option(
-        "--seed", type=click.IntRange(min=0), default=None, help="override the workload's seed"
-    ),
+    option("--out", help="results folder [default: results/WORKLOAD-POLICY-TIME]", type=PATH),
+    option("--seed", help="override the workload's seed", type=click.IntRange(min=0)),
 )
 @device_options()
 def run(workload: Path, policy_spec: str, out: Path | None, seed: int | None, **o: Any) -> None:
@@ -89,31 +81,29 @@ def run(workload: Path, policy_spec: str, out: Path | None, seed: int | None, **
 @cli.command()
 @cloup.option_group(
     "Serve",
-    click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on"),
-    click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True),
-    click.option(
-        "--api-key", default=None, help="require 'Authorization: Bearer KEY' (all but /health)"
+    option("--host", "127.0.0.1", "address to listen on"),
+    option("--port", 8080, type=click.IntRange(0, 65535)),
+    option("--api-key", help="require 'Authorization: Bearer KEY' (all but /health)"),
+    option("--policy policy_spec", DEFAULT_POLICY, "prefill budget policy, as for `run`"),
+    option("--served-model-name", help="the model id clients send [default: file name]"),
+    option(
+        "--max-queue",
+        help="most requests waiting for a sequence; past it 429 with Retry-After "
+        "[default: no limit]",
+        type=click.IntRange(0),
     ),
-    click.option(
-        "--policy", "policy_spec", default=DEFAULT_POLICY, show_default=True,
-        help="prefill budget policy, as for `run`",
+    option(
+        "--cancel-on-shutdown",
+        False,
+        "at Ctrl-C or SIGTERM end the requests in flight at once, rather than finish them",
+        is_flag=True,
     ),
-    click.option(
-        "--served-model-name", default=None, help="the model id clients send [default: file name]"
-    ),
-    click.option(
-        "--max-queue", type=click.IntRange(0), default=None,
-        help="most requests waiting for a sequence; past it 429 with Retry-After [default: no limit]",
-    ),
-    click.option(
-        "--cancel-on-shutdown", is_flag=True,
-        help="at Ctrl-C or SIGTERM end the requests in flight at once, rather than finish them",
-    ),
-    click.option(
-        "--results", type=click.Path(file_okay=False, path_type=Path), default=None,
+    option(
+        "--results",
         help="write requests.jsonl, iterations.jsonl and summary.json here, as `run` does",
+        type=click.Path(file_okay=False, path_type=Path),
     ),
-)  # fmt: skip
+)
 @device_options()
 def serve(
     host: str,
@@ -149,12 +139,7 @@ def serve(
 
 @cli.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option(
-    "--out",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="cost-model file [default: RUN_DIR/cost_model.json]",
-)
+@option("--out", help="cost-model file [default: RUN_DIR/cost_model.json]", type=PATH)
 def calibrate(run_dir: Path, out: Path | None) -> None:
     """Fit the iteration cost model to RUN_DIR's iterations.jsonl, for the simulated
     backend (`--backend sim --cost-model FILE`) or as a run's `--calibration FILE`."""
@@ -180,30 +165,22 @@ def comparison_options(policies: str, seeds: int, out: str) -> Callable[[F], F]:
         click.argument("workload", type=click.Path(path_type=Path)),
         cloup.option_group(
             "Comparison",
-            click.option(
-                "--policies",
-                default=policies,
-                show_default=True,
-                help="comma-separated policy specs",
-            ),
-            click.option(
+            option("--policies", policies, "comma-separated policy specs"),
+            option(
                 "--baselines",
-                default=None,
-                help="policies to take ratios against [default: every static/unlimited/ppas/dlfp "
-                "given]",
+                help="policies to take ratios against [default: every "
+                "static/unlimited/ppas/dlfp given]",
             ),
-            click.option(
+            option(
                 "--seeds",
+                seeds,
+                "paired trials: the workload's seed, seed+1, ...",
                 type=click.IntRange(min=1),
-                default=seeds,
-                show_default=True,
-                help="paired trials: the workload's seed, seed+1, ...",
             ),
-            click.option(
+            option(
                 "--out",
-                type=click.Path(path_type=Path),
-                default=None,
                 help=f"folder for every run and the report [default: results/{out}-TIME]",
+                type=PATH,
             ),
         ),
         device_options(batching="exact"),
@@ -223,12 +200,7 @@ def compare(**o: Any) -> None:
 
 
 @cli.command()
-@cloup.option(
-    "--burst-rates",
-    default="0.5,1.5",
-    show_default=True,
-    help="comma-separated rates (req/s) for every burst phase",
-)
+@option("--burst-rates", "0.5,1.5", "comma-separated rates (req/s) for every burst phase")
 @comparison_options("unlimited,static:256,ppas,cadence", seeds=1, out="sweep")
 def sweep(burst_rates: str, **o: Any) -> None:
     """P-PAS's load sweep: compare policies on WORKLOAD (phased arrivals) at each burst rate;
@@ -292,11 +264,10 @@ def _compare(rates: list[float] | None, o: dict[str, Any]) -> None:
 
 @cli.command()
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option(
+@option(
     "--out",
-    type=click.Path(path_type=Path),
-    default=None,
     help="report folder [default: RUN_DIR/report for one folder, else results/report-TIME]",
+    type=PATH,
 )
 def report(run_dirs: tuple[Path, ...], out: Path | None) -> None:
     """PNG figures and an HTML page for RUN_DIRS: run folders, or compare/sweep folders

@@ -13,57 +13,34 @@ import cloup
 
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.runner.devices import DEVICES, kinds
+from edgeprefill.runtime.runner.devices.kind import option
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
+PATH = click.Path(path_type=Path)
+
+
 def device_group() -> Decorator:
+    backends = "; ".join(f"{k.name}: {k.help}" for k in kinds())
     return cloup.option_group(
         "Device",
-        click.option(
-            "--backend",
-            type=click.Choice(DEVICES.names()),
-            default="llamacpp",
-            show_default=True,
-            help="; ".join(f"{k.name}: {k.help}" for k in kinds()),
-        ),
-        click.option(
+        option("--backend", "llamacpp", backends, type=click.Choice(DEVICES.names())),
+        option(
             "--model",
-            type=click.Path(path_type=Path),
-            default=None,
             help="llamacpp: a GGUF file; vllm: a Hugging Face model folder [default: the "
             "bundled Gemma 3 270M Q4_K_M, converted once for vLLM]",
+            type=PATH,
         ),
-        click.option(
-            "--threads", type=int, default=0, help="CPU threads [default: physical cores]"
-        ),
-        click.option(
-            "--n-ctx",
-            type=int,
-            default=16384,
-            show_default=True,
-            help="KV cells per sequence (the longest prompt + output)",
-        ),
-        click.option(
-            "--n-batch",
-            type=int,
-            default=2048,
-            show_default=True,
-            help="most tokens in one iteration",
-        ),
-        click.option(
-            "--n-seq-max",
-            type=int,
-            default=16,
-            show_default=True,
-            help="sequences decoded together",
-        ),
-        click.option(
+        option("--threads", 0, "CPU threads [default: physical cores]", type=int),
+        option("--n-ctx", 16384, "KV cells per sequence (the longest prompt + output)", type=int),
+        option("--n-batch", 2048, "most tokens in one iteration", type=int),
+        option("--n-seq-max", 16, "sequences decoded together", type=int),
+        option(
             "--calibration",
-            default="probe",
-            show_default=True,
-            help="device profile for policy defaults: probe (a few iterations at "
-            "startup), none, or a cost-model file",
+            "probe",
+            "device profile for policy defaults: probe (a few iterations at startup), none, "
+            "or a cost-model file",
         ),
     )
 
@@ -71,110 +48,91 @@ def device_group() -> Decorator:
 def batching_group(default: str) -> Decorator:
     return cloup.option_group(
         "Batching",
-        click.option(
+        option(
             "--batching",
+            default,
+            "exact: only batch shapes the device probe measured bit-identical to decoding "
+            "each sequence alone; fast: the fastest shapes it measured; auto: exact where "
+            "that costs under 3% on this CPU, else fast",
             type=click.Choice(["auto", "exact", "fast"]),
-            default=default,
-            show_default=True,
-            help="exact: only batch shapes the device probe measured bit-identical to "
-            "decoding each sequence alone; fast: the fastest shapes it measured; auto: exact "
-            "where that costs under 3% on this CPU, else fast",
         ),
-        click.option(
+        option(
             "--n-ubatch",
-            type=int,
-            default=None,
             help="most tokens computed in one graph [default: the device probe's fastest]",
+            type=int,
         ),
-        click.option(
+        option(
             "--kv-unified/--no-kv-unified",
-            default=False,
-            show_default=True,
-            help="one KV pool of --n-ctx cells shared by all sequences",
+            False,
+            "one KV pool of --n-ctx cells shared by all sequences",
         ),
     )
 
 
 ADMISSION = cloup.option_group(
     "Admission",
-    click.option(
+    option(
         "--max-background",
-        type=int,
-        default=None,
         help="sequences background work may hold [default: half of --n-seq-max]",
-    ),
-    click.option(
-        "--foreground-kv",
         type=int,
-        default=None,
+    ),
+    option(
+        "--foreground-kv",
         help="KV cells background work must leave free [default: --n-ctx / 8]",
+        type=int,
     ),
 )
 
 KV_CACHE = cloup.option_group(
     "KV cache",
-    click.option(
+    option(
         "--kv-cache/--no-kv-cache",
-        default=True,
-        show_default=True,
-        help="keep documents' KV state once read (llamacpp: in memory, then on disk; "
-        "vllm: its automatic prefix caching) for prompts that start with them",
+        True,
+        "keep documents' KV state once read (llamacpp: in memory, then on disk; vllm: its "
+        "automatic prefix caching) for prompts that start with them",
     ),
 )
 
 TELEMETRY = cloup.option_group(
     "Telemetry",
-    click.option("--progress/--no-progress", default=True, show_default=True),
-    click.option(
+    option("--progress/--no-progress", True),
+    option(
         "--telemetry/--no-telemetry",
-        default=True,
-        show_default=True,
-        help="sample temperature, clocks, power and energy beside the run",
+        True,
+        "sample temperature, clocks, power and energy beside the run",
     ),
-    click.option(
-        "--telemetry-period",
-        type=float,
-        default=0.2,
-        show_default=True,
-        help="seconds between telemetry samples",
-    ),
-    click.option(
+    option("--telemetry-period", 0.2, "seconds between telemetry samples", type=float),
+    option(
         "--tdp-watts",
-        type=float,
-        default=None,
         help="estimate CPU energy as TDP x CPU load where no RAPL counter can be read "
         "(labelled estimated)",
+        type=float,
     ),
 )
 
 THERMAL = cloup.option_group(
     "Thermal",
-    click.option(
+    option(
         "--thermal-aware/--no-thermal-aware",
-        default=False,
-        show_default=True,
-        help="scale the background budget down while the device throttles, runs hot or "
-        "is on battery",
+        False,
+        "scale the background budget down while the device throttles, runs hot or is on battery",
     ),
-    click.option(
+    option(
         "--thermal-factor",
+        0.5,
+        "background budget multiplier while --thermal-aware's condition holds",
         type=float,
-        default=0.5,
-        show_default=True,
-        help="background budget multiplier while --thermal-aware's condition holds",
     ),
-    click.option(
+    option(
         "--thermal-max-temp",
+        90.0,
+        "CPU/GPU temperature (C) at which --thermal-aware scales down",
         type=float,
-        default=90.0,
-        show_default=True,
-        help="CPU/GPU temperature (C) at which --thermal-aware scales down",
     ),
-    click.option(
+    option(
         "--thermal-battery/--no-thermal-battery",
-        default=True,
-        show_default=True,
-        help="whether running on battery counts for --thermal-aware",
+        True,
+        "whether running on battery counts for --thermal-aware",
     ),
 )
 

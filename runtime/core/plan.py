@@ -91,15 +91,9 @@ class Decision:
     reason: str = ""  # why, in a few words, for a reader of iterations.jsonl
 
     def record(self) -> dict[str, Any]:
-        # By hand: dataclasses.asdict costs ~30 us, and this runs every iteration.
-        return {
-            "budget": self.budget,
-            "floor": self.floor,
-            "defer_background_decodes": self.defer_background_decodes,
-            "background_cap": self.background_cap,
-            "foreground_alone": self.foreground_alone,
-            "reason": self.reason,
-        }
+        # Every field, in order: dataclasses.asdict costs ~30 us, and this runs every
+        # iteration.
+        return dict(vars(self))
 
     def __str__(self) -> str:
         parts = [f"budget={'none' if self.budget is None else self.budget}"]

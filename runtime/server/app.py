@@ -27,17 +27,9 @@ from edgeprefill.runtime.server.responses import respond
 from edgeprefill.runtime.server.schema import ChatRequest, CompletionRequest, DocumentRequest
 
 
-def create_app(
-    runtime: Runtime,
-    model_id: str,
-    metrics: ServerMetrics,
-    api_key: str | None = None,
-    max_queue: int | None = None,
-) -> FastAPI:
-    """`max_queue`: the most requests that may wait for a sequence; past it, 429."""
+def create_app(routes: Routes, api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="edgeprefill", docs_url=None, redoc_url=None)
     add_error_handlers(app)
-    routes = Routes(runtime, model_id, metrics, Admission(runtime, model_id, max_queue))
     app.get("/health")(routes.health)
     keyed = {"dependencies": [Depends(_bearer(api_key))]}
     app.get("/v1/models", **keyed)(routes.models)
@@ -67,10 +59,11 @@ class Routes:
     """The handlers; what may be submitted is `Admission`'s to say."""
 
     def __init__(
-        self, runtime: Runtime, model_id: str, metrics: ServerMetrics, admission: Admission
+        self, runtime: Runtime, model_id: str, metrics: ServerMetrics, max_queue: int | None
     ) -> None:
+        """`max_queue`: the most requests that may wait for a sequence; past it, 429."""
         self.runtime, self.model_id, self.metrics = runtime, model_id, metrics
-        self.admission = admission
+        self.admission = Admission(runtime, model_id, max_queue)
         self.tokenizer = runtime.backend.tokenizer
 
     async def health(self) -> dict[str, str]:

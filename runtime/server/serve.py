@@ -11,7 +11,7 @@ from edgeprefill.runtime.api.runtime import Runtime
 from edgeprefill.runtime.core.contract import Backend
 from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.scheduler import BackgroundLimits
-from edgeprefill.runtime.server.app import create_app
+from edgeprefill.runtime.server.app import Routes, create_app
 from edgeprefill.runtime.server.metrics import ServerMetrics
 from edgeprefill.thermal.sampler import TelemetrySampler
 from edgeprefill.thermal.telemetry import TelemetryConfig, default_sensors
@@ -68,7 +68,8 @@ def build(
             default_sensors(telemetry), rt.engine.clock.now, out, telemetry.period_s
         ).start()
         metrics.measure_energy(sampler, telemetry.tdp_w)
-    return Served(create_app(rt, model_id, metrics, api_key, max_queue), rt, sampler)
+    app = create_app(Routes(rt, model_id, metrics, max_queue), api_key)
+    return Served(app, rt, sampler)
 
 
 def serve(served: Served, host: str, port: int, cancel_on_shutdown: bool = False) -> None:

@@ -181,14 +181,8 @@ class CadencePolicy(BudgetPolicy):
             margins.update(fit.model, fit.recent)
 
     def params(self) -> dict[str, Any]:
-        return {
-            "itl_ms": self.itl_ms,
-            "ttft_ms": self.ttft_ms,
-            "tail_pct": self.tail_pct,
-            "window": self.window,
-            "min_tokens": self.min_tokens,
-            "share": self.share,
-        }
+        names = ("itl_ms", "ttft_ms", "tail_pct", "window", "min_tokens", "share")
+        return {k: getattr(self, k) for k in names}
 
     def snapshot(self) -> dict[str, Any]:
         m = None if self._fit is None else self._fit.model

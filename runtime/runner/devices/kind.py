@@ -21,6 +21,13 @@ Opened = tuple[Callable[[], Any], DeviceProfile | None]
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
+def option(decls: str, default: Any = None, help: str = "", **kwargs: Any) -> Decorator:
+    """A command-line option, `--help` showing its default unless the help says what the
+    default means in words ("[default: ...]"): one rule for every option of every command."""
+    shown = "[default:" not in help
+    return click.option(*decls.split(), default=default, show_default=shown, help=help, **kwargs)
+
+
 @dataclass(frozen=True)
 class DeviceKind:
     name: str

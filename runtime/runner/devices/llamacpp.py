@@ -17,6 +17,7 @@ from edgeprefill.runtime.runner.devices.kind import (
     Opened,
     Options,
     device_profile,
+    option,
 )
 
 
@@ -102,44 +103,39 @@ LLAMACPP = DEVICES.register("llamacpp")(
         open_llamacpp,
         "llama.cpp backend",
         options=(
-            click.option(
+            option(
                 "--flash-attn/--no-flash-attn",
-                default=None,
                 help="llama.cpp's flash attention [default: the device probe's choice]",
             ),
-            click.option(
+            option(
                 "--max-decode-group",
-                type=int,
-                default=None,
                 help="most decode tokens in one llama_decode pass [default: exact batching: "
                 "the largest group the device probe measured bit-identical; fast: all]",
+                type=int,
             ),
-            click.option(
+            option(
                 "--reprobe",
+                False,
+                "measure the device probe again instead of reading it from the cache",
                 is_flag=True,
-                default=False,
-                help="measure the device probe again instead of reading it from the cache",
             ),
-            click.option(
+            option(
                 "--kv-cache-dir",
-                type=click.Path(path_type=Path),
-                default=None,
                 help="folder for saved KV states, kept across runs [default: one of this "
                 "command's own, deleted at its end, each run starting empty]",
+                type=click.Path(path_type=Path),
             ),
-            click.option(
+            option(
                 "--kv-cache-ram",
+                "1GiB",
+                "memory for saved KV states (e.g. 512MiB, 2GiB)",
                 type=Size(),
-                default="1GiB",
-                show_default=True,
-                help="memory for saved KV states (e.g. 512MiB, 2GiB)",
             ),
-            click.option(
+            option(
                 "--kv-cache-disk",
+                "4GiB",
+                "disk for saved KV states, least recently used deleted first",
                 type=Size(),
-                default="4GiB",
-                show_default=True,
-                help="disk for saved KV states, least recently used deleted first",
             ),
         ),
     )

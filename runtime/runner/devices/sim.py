@@ -10,7 +10,7 @@ import click
 
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.work import ExpectedWork
-from edgeprefill.runtime.runner.devices.kind import DEVICES, DeviceKind, Opened, Options
+from edgeprefill.runtime.runner.devices.kind import DEVICES, DeviceKind, Opened, Options, option
 
 
 @contextmanager
@@ -58,19 +58,17 @@ SIM = DEVICES.register("sim")(
         open_sim,
         "Simulated backend",
         options=(
-            click.option(
+            option(
                 "--cost-model",
-                type=click.Path(path_type=Path),
-                default=None,
                 help="the simulated backend's cost model (from `edgeprefill calibrate`)",
+                type=click.Path(path_type=Path),
             ),
-            click.option(
+            option(
                 "--sim-noise",
+                "none",
+                "add to each iteration one of the calibrated run's residuals (measured minus "
+                "predicted time), drawn at random",
                 type=click.Choice(["none", "measured"]),
-                default="none",
-                show_default=True,
-                help="add to each iteration one of the calibrated run's residuals (measured "
-                "minus predicted time), drawn at random",
             ),
         ),
         ignores={

@@ -7,18 +7,12 @@ from contextlib import contextmanager
 
 import click
 
+import edgeprefill.runtime.runner.devices.kind as kind
 from edgeprefill.runtime.core.work import ExpectedWork
-from edgeprefill.runtime.runner.devices.kind import (
-    DEVICES,
-    DeviceKind,
-    Opened,
-    Options,
-    device_profile,
-)
 
 
 @contextmanager
-def open_vllm(o: Options, work: ExpectedWork | None) -> Iterator[Opened]:
+def open_vllm(o: kind.Options, work: ExpectedWork | None) -> Iterator[kind.Opened]:
     from edgeprefill.backends.vllm.backend import VllmBackend, VllmSettings
     from edgeprefill.backends.vllm.model_folder import default_model_folder
 
@@ -35,40 +29,34 @@ def open_vllm(o: Options, work: ExpectedWork | None) -> Iterator[Opened]:
         prefix_caching=o["kv_cache"],
     )
     with VllmBackend(settings) as backend:
-        yield (lambda: backend), device_profile(o["calibration"], backend)
+        yield (lambda: backend), kind.device_profile(o["calibration"], backend)
 
 
-VLLM = DEVICES.register("vllm")(
-    DeviceKind(
+VLLM = kind.DEVICES.register("vllm")(
+    kind.DeviceKind(
         "vllm",
         "the same policies inside vLLM's scheduler (GPU, or its CPU build)",
         open_vllm,
         "vLLM backend",
         options=(
-            click.option(
-                "--dtype",
-                default="auto",
-                show_default=True,
-                help="weight and activation dtype (auto, float32, bfloat16, float16)",
+            kind.option(
+                "--dtype", "auto", "weight and activation dtype (auto, float32, bfloat16, float16)"
             ),
-            click.option(
+            kind.option(
                 "--tensor-parallel-size",
+                1,
+                "GPUs one model is split across",
                 type=click.IntRange(min=1),
-                default=1,
-                show_default=True,
-                help="GPUs one model is split across",
             ),
-            click.option(
+            kind.option(
                 "--enforce-eager/--no-enforce-eager",
-                default=False,
-                show_default=True,
-                help="skip torch.compile and CUDA graphs (starts in seconds, steps slower)",
+                False,
+                "skip torch.compile and CUDA graphs (starts in seconds, steps slower)",
             ),
-            click.option(
+            kind.option(
                 "--kv-cache-gib",
-                type=float,
-                default=None,
                 help="memory for the KV cache [default: vLLM's share of the device]",
+                type=float,
             ),
         ),
         ignores={
