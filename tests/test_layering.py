@@ -58,10 +58,12 @@ ALLOWED = {
     "backends/vllm": ["runtime.core", "runtime.policies", "backends"],
     "thermal": ["thermal"],
     "runtime/analysis": ["runtime.core", "runtime.analysis"],
-    # The embedding API writes results and measures the device as `run` does.
+    # The embedding API gets its driver, writes results and measures the device as `run`
+    # does.
     "runtime/api": [
         "runtime.core",
         "runtime.policies",
+        "runtime.runner.drivers",
         "runtime.runner.results",
         "runtime.runner.calibration",
         "runtime.api",

@@ -13,9 +13,10 @@ pytest.importorskip("vllm", reason="vLLM is not installed (make test installs it
 
 from edgeprefill.backends.vllm.backend import VllmBackend, VllmSettings  # noqa: E402
 from edgeprefill.runtime.core.budget import BudgetPolicy  # noqa: E402
-from edgeprefill.runtime.core.plan import IterationTiming  # noqa: E402
+from edgeprefill.runtime.core.plan import IterationTiming, SchedState  # noqa: E402
 from edgeprefill.runtime.core.planner import MAX_DEFERRED  # noqa: E402
 from edgeprefill.runtime.core.request import Request, Status  # noqa: E402
+from edgeprefill.runtime.core.steplimit import StepLimit  # noqa: E402
 from edgeprefill.runtime.policies import parse_policy  # noqa: E402
 from edgeprefill.runtime.runner.calibration import probe_device  # noqa: E402
 from edgeprefill.runtime.runner.session import RunOptions, run_workload  # noqa: E402
@@ -259,6 +260,44 @@ def test_a_chat_arriving_while_documents_prefill_goes_first_in_the_next_step(vll
     assert it.plan.prefill == {"chat": 200}  # no budget: nothing rides beside its prompt
     while engine.has_work:
         engine.advance()
+    assert len(chat.output) == 4 and all(len(d.output) == d.max_tokens for d in docs)
+
+
+def test_a_documents_only_step_is_sized_for_the_wait_of_a_chat_arriving_during_it(
+    vllm_backend, vllm_profile
+):
+    """vLLM cannot stop a step: with documents alone, each step holds the prompt tokens
+    predicted to end within the wait a chat's allowance leaves (here at least 0 s rather
+    than 0.25 s, so that the tiny model's steps are sized too), and the chat that arrives
+    goes in the next step."""
+    tok = vllm_backend.tokenizer
+    limit = StepLimit(vllm_profile, min_wait_s=0.0)
+    engine = vllm_backend.engine(parse_policy("unlimited"), profile=vllm_profile, step_limit=limit)
+    text = tok.encode(
+        "the house of the river by the garden in summer " * 300, add_bos=True, special=True
+    )
+    docs = [
+        Request(f"doc{i}", "background", 0.0, text[:1000], 3, ignore_eos=True) for i in range(3)
+    ]
+    for d in docs:
+        engine.add(d)
+    first = [it for _ in range(2) for it in engine.advance().iterations]
+    chat = Request("chat", "foreground", 0.0, text[:200], 4, ignore_eos=True)
+    engine.add(chat)
+    (it,) = engine.advance().iterations
+    assert "chat" in it.plan.prefill
+    steps = first + [it]
+    while engine.has_work:
+        steps += engine.advance().iterations
+    documents_only = [s for s in steps if s.plan.n_prefill and not s.timing.n_decode_foreground
+                      and "chat" not in s.plan.prefill]  # fmt: skip
+    # The largest step the limit allows: at the start of a prompt, nothing decoding.
+    widest = SchedState(1, 0, 0, 0, 1024, next_prefill_left=1000)
+    cap = limit.cap(widest)
+    assert cap is not None and cap < 1024  # without the limit, documents went 1,024 a step
+    longest = max(documents_only, key=lambda s: s.plan.n_prefill)
+    assert longest.plan.n_prefill <= cap
+    assert all("cannot be stopped" in s.plan.decision.reason for s in documents_only)
     assert len(chat.output) == 4 and all(len(d.output) == d.max_tokens for d in docs)
 
 

@@ -12,7 +12,9 @@ from typing import Any
 from edgeprefill.backends.vllm.check import require_vllm
 from edgeprefill.backends.vllm.engine import VllmEngine
 from edgeprefill.backends.vllm.probe import probe_timings
+from edgeprefill.backends.vllm.steps import TIMED_WORKERS
 from edgeprefill.runtime.core.budget import BudgetPolicy
+from edgeprefill.runtime.core.contract import Capacity
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.plan import IterationTiming
 from edgeprefill.runtime.core.resource import Closeable
@@ -20,11 +22,6 @@ from edgeprefill.runtime.core.resource import Closeable
 SCHEDULERS = {
     False: "edgeprefill.backends.vllm.scheduler.EdgeprefillScheduler",
     True: "edgeprefill.backends.vllm.scheduler.EdgeprefillAsyncScheduler",
-}
-# vLLM's default worker for each platform -> the timed subclass that replaces it.
-TIMED_WORKERS = {
-    "vllm.v1.worker.cpu_worker.CPUWorker": "edgeprefill.backends.vllm.worker.TimedCPUWorker",
-    "vllm.v1.worker.gpu_worker.Worker": "edgeprefill.backends.vllm.worker.TimedGPUWorker",
 }
 
 
@@ -189,6 +186,13 @@ class VllmBackend(Closeable):
         self.prefix_cache = _VllmPrefixCaching(self.llm) if settings.prefix_caching else None
         self._closed = False
 
+    @property
+    def capacity(self) -> Capacity:
+        """What a server admits by: vLLM's own step and sequence limits."""
+        s = self.settings
+        n_batch = self.max_num_batched_tokens
+        return Capacity(n_batch, s.n_ctx * s.n_seq_max, s.n_seq_max, s.n_ctx, max_chunk=n_batch)
+
     def engine(self, policy: BudgetPolicy, **options: Any) -> VllmEngine:
         """A driver for one run, with `policy` installed in vLLM's scheduler (`options`:
         `VllmEngine`'s guard, clock and device profile)."""
@@ -244,6 +248,9 @@ class _VllmPrefixCaching:
     def clear(self) -> None:
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM could not reset its prefix cache (requests still running)")
+
+    def flush(self) -> None:
+        """Nothing to write: vLLM's blocks live in device memory only."""
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "vLLM automatic prefix caching (GPU/CPU KV blocks while they last)"}

@@ -11,13 +11,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from edgeprefill.backends.vllm.steps import BACKGROUND_PRIORITY, FOREGROUND_PRIORITY
+from edgeprefill.backends.vllm.steps import BACKGROUND_PRIORITY, FOREGROUND_PRIORITY, class_of
 from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.driver import RunClock
 from edgeprefill.runtime.core.iteration import Advance, Iteration
 from edgeprefill.runtime.core.plan import Plan
 from edgeprefill.runtime.core.profile import DeviceProfile
-from edgeprefill.runtime.core.request import Request, Status
+from edgeprefill.runtime.core.request import CLASSES, Request, Status
+from edgeprefill.runtime.core.steplimit import StepLimit
 from edgeprefill.runtime.core.targets import FirstTokenTargets
 
 
@@ -35,7 +36,10 @@ class VllmEngine:
         guard: Any = None,
         clock: RunClock | None = None,
         profile: DeviceProfile | None = None,
+        step_limit: StepLimit | None = None,
     ) -> None:
+        """`step_limit`: how long a documents-only step may run [default: priced from
+        `profile` (none without one)]; vLLM cannot stop a step a chat arrives during."""
         from vllm import SamplingParams
         from vllm.exceptions import VLLMValidationError
         from vllm.sampling_params import RequestOutputKind
@@ -54,7 +58,10 @@ class VllmEngine:
         self._live: dict[str, Request] = {}
         self._internal: dict[str, str] = {}  # our id -> vLLM's (it appends a suffix)
         self._external: dict[str, str] = {}  # vLLM's id -> ours
-        scheduler.install(policy, guard, self.clock.now)
+        if step_limit is None and profile is not None:
+            step_limit = StepLimit(profile)
+        self.step_limit = step_limit
+        scheduler.install(policy, guard, self.clock.now, step_limit)
 
     @property
     def guard(self) -> Any:
@@ -111,6 +118,8 @@ class VllmEngine:
             return False
         req.status = Status.PREFILL
         self.targets.estimate(req)
+        if self.step_limit is not None and req.cls == "foreground":
+            self.step_limit.saw_prompt(req.prompt_len)
         self.scheduler.ep_ttft_targets[internal] = (req.ttft_target_s, req.ttft_slowdown)
         self._live[req.id] = req
         self._internal[req.id] = internal
@@ -143,6 +152,7 @@ class VllmEngine:
                 del self._live[req.id]
                 self.scheduler.ep_ttft_targets.pop(self._internal[req.id], None)
                 finished.append(req)
+        self._note_progress()
         iterations = [
             Iteration(
                 c.record.t_start_s,
@@ -156,6 +166,16 @@ class VllmEngine:
         if not iterations and not finished and self.scheduler.ep_ledger.next_step == before:
             return None  # nothing was scheduled
         return Advance(iterations, finished)
+
+    def _note_progress(self) -> None:
+        """Prompt tokens computed so far by requests still reading their prompts, from
+        vLLM's own count: a server shows a document's progress, and a question held for a
+        document goes once that document's prefix is read."""
+        for rid, req in self._live.items():
+            if req.status is Status.PREFILL:
+                held = self.scheduler.requests.get(self._internal[rid])
+                if held is not None:
+                    req.num_computed = min(held.num_computed_tokens, req.prompt_len)
 
     def _ours(self, plan: Plan) -> Plan:
         """The plan under the request ids the results use."""
@@ -179,6 +199,16 @@ class VllmEngine:
         for req in ended:
             self._end(req, reason)
         return ended
+
+    def queues(self) -> dict[str, tuple[int, int]]:
+        s = self.scheduler
+        return {
+            c: (
+                sum(class_of(r.priority) == c for r in s.waiting),
+                sum(class_of(r.priority) == c for r in s.running),
+            )
+            for c in CLASSES
+        }
 
     def _end(self, req: Request, reason: str) -> None:
         internal = self._internal[req.id]

@@ -3,9 +3,10 @@
 Load by dotted name (`scheduler_cls`), because the engine core may run in another process:
 `EdgeprefillScheduler` (synchronous scheduling, as on the CPU) or
 `EdgeprefillAsyncScheduler` (async scheduling, the GPU default; a plain `Scheduler` there
-loses the overlap). Used alone, e.g. `vllm serve --scheduler-cls ...`, the policy comes
-from `--additional-config '{"edgeprefill": {"policy": "ppas:bcap=256,nth=2"}}'`;
-`engine.VllmEngine` installs its own policy object instead.
+loses the overlap). Used alone, e.g. `vllm serve --scheduler-cls ... --worker-cls ...`, the
+policy comes from `--additional-config '{"edgeprefill": {"policy": "ppas:bcap=256,nth=2"}}'`
+(with `"steps": PATH`, each completed step is written there); `engine.VllmEngine` installs
+its own policy object instead.
 
 The cap is aggregate: `Scheduler._reserve_prefill_lookahead` is called for every running
 and waiting candidate right before vLLM's zero check, so clamping there limits the sum of
@@ -22,6 +23,7 @@ from typing import Any
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from edgeprefill.backends.vllm.steplog import StepLog, check_timed_worker
 from edgeprefill.backends.vllm.steps import (
     TIMINGS_ATTR,
     CompletedStep,
@@ -34,6 +36,7 @@ from edgeprefill.runtime.core.budget import BackgroundCap, BudgetPolicy
 from edgeprefill.runtime.core.plan import Decision, Plan
 from edgeprefill.runtime.core.planner import Planner
 from edgeprefill.runtime.core.state import Candidate
+from edgeprefill.runtime.core.steplimit import StepLimit
 from edgeprefill.runtime.policies import parse_policy
 
 if not hasattr(Scheduler, "_reserve_prefill_lookahead"):  # private API: checked at import
@@ -55,25 +58,32 @@ class BudgetMixin:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        extra = (self.vllm_config.additional_config or {}).get("edgeprefill", {})  # type: ignore[attr-defined]
+        config = self.vllm_config  # type: ignore[attr-defined]
+        extra = (config.additional_config or {}).get("edgeprefill", {})
+        check_timed_worker(config.parallel_config)
         policy = parse_policy(extra.get("policy", "unlimited"))
         policy.check_ready()
         self.install(policy)
+        # Until a driver installs its own policy (then it takes the completed steps).
+        self._ep_sink: StepLog | None = StepLog(extra.get("steps"))
 
     def install(
         self,
         policy: BudgetPolicy,
         guard: BackgroundCap | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        step_limit: StepLimit | None = None,
     ) -> None:
-        """Use this policy (and thermal guard) from the next step on; `clock` stamps steps."""
-        self.ep_planner = Planner(policy, guard)
+        """Use this policy (and thermal guard) from the next step on; `clock` stamps steps.
+        `step_limit` sizes documents-only steps: vLLM cannot stop a step a chat arrives in."""
+        self.ep_planner = Planner(policy, guard, step_limit)
         self.ep_clock = clock
         old = getattr(self, "ep_ledger", None)
         if old is not None and old.waiting:
             raise RuntimeError("a new policy while steps still wait for their timing")
         self.ep_ledger = StepLedger(old.next_step if old is not None else 0)
         self.ep_completed: list[CompletedStep] = []
+        self._ep_sink = None
         self._ep_left: int | None = None
         self._ep_bg_left: int | None = None
         self._ep_defer: tuple[str, ...] = ()  # background decodes this step leaves out
@@ -214,7 +224,11 @@ class BudgetMixin:
             record = self.ep_ledger.match(reading.step, reading.tokens)
             timing = record.timing(reading.duration_s)
             self.ep_planner.observe(timing)
-            self.ep_completed.append(CompletedStep(record, timing, self.ep_planner.snapshot()))
+            step = CompletedStep(record, timing, self.ep_planner.snapshot())
+            if self._ep_sink is None:
+                self.ep_completed.append(step)
+            else:
+                self._ep_sink(step)
         return super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
 
     def take_completed(self) -> list[CompletedStep]:

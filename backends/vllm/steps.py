@@ -15,6 +15,13 @@ FOREGROUND_PRIORITY = 0  # vLLM runs lower priorities first
 BACKGROUND_PRIORITY = 1
 
 
+# vLLM's default worker for each platform -> the timed subclass that replaces it.
+TIMED_WORKERS = {
+    "vllm.v1.worker.cpu_worker.CPUWorker": "edgeprefill.backends.vllm.worker.TimedCPUWorker",
+    "vllm.v1.worker.gpu_worker.Worker": "edgeprefill.backends.vllm.worker.TimedGPUWorker",
+}
+
+
 def class_of(priority: int) -> str:
     return "foreground" if priority <= FOREGROUND_PRIORITY else "background"
 

@@ -45,6 +45,7 @@ class RequestHandle:
         # Set once an `async for` consumes it: events then go straight to its event loop.
         self._async: tuple[asyncio.AbstractEventLoop, asyncio.Queue[Piece | object]] | None = None
         self._lock = threading.Lock()
+        self._sent = 0  # output tokens streamed so far
 
     @property
     def id(self) -> str:
@@ -95,12 +96,18 @@ class RequestHandle:
             yield event  # type: ignore[misc]
 
     # --- called from the engine thread ---------------------------------------------
-    def _token(self, token: int) -> None:
-        """Called after the scheduler appended and stamped the token."""
-        time_s = self.request.token_times_s[-1]
-        self._put(Piece(token, self._decoder.decode(self._piece(token)), time_s))
+    def _catch_up(self) -> None:
+        """Stream the tokens the driver appended and stamped since the last call: one an
+        iteration on llama.cpp, maybe more from one of vLLM's steps."""
+        req = self.request
+        for i in range(self._sent, len(req.output)):
+            token = req.output[i]
+            piece = Piece(token, self._decoder.decode(self._piece(token)), req.token_times_s[i])
+            self._put(piece)
+        self._sent = len(req.output)
 
     def _end(self) -> None:
+        self._catch_up()
         tail = self._decoder.decode(b"", final=True)
         if tail:
             self._put(Piece(None, tail, self.request.token_times_s[-1]))

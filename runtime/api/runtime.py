@@ -1,5 +1,5 @@
 """The embedding API: one engine thread over a backend and a budget policy, fed from any
-thread.
+thread, on either engine (the runtime's own over llama.cpp, or vLLM's).
 
 A desktop assistant holds one `Runtime`, sends the person's conversation with `chat()`,
 hands documents to the indexer with `index()`, and streams each answer from the handle it
@@ -27,7 +27,7 @@ from typing import Any, Literal
 from edgeprefill.runtime.api.handle import RequestHandle
 from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.contract import Backend
-from edgeprefill.runtime.core.engine import Engine
+from edgeprefill.runtime.core.driver import SchedulingBackend
 from edgeprefill.runtime.core.iteration import Iteration
 from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.request import (
@@ -39,6 +39,7 @@ from edgeprefill.runtime.core.request import (
 from edgeprefill.runtime.core.scheduler import BackgroundLimits
 from edgeprefill.runtime.policies import DEFAULT_POLICY, parse_policy
 from edgeprefill.runtime.runner.calibration import probe_device
+from edgeprefill.runtime.runner.drivers import open_driver
 from edgeprefill.runtime.runner.results import RunWriter
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ class Runtime:
 
     def __init__(
         self,
-        backend: Backend,
+        backend: Backend | SchedulingBackend,
         policy: BudgetPolicy | str = DEFAULT_POLICY,
         *,
         profile: DeviceProfile | Literal["probe"] | None = "probe",
@@ -70,7 +71,7 @@ class Runtime:
         self.policy = parse_policy(policy) if isinstance(policy, str) else policy
         if profile == "probe":
             profile = probe_device(backend) if self.policy.required else None
-        self.engine = Engine(backend, self.policy, limits=limits, profile=profile)
+        self.engine = open_driver(backend, self.policy, limits, profile)
         self._writer = RunWriter(results) if results is not None else None
         self._on_iteration, self._on_end = on_iteration, on_end
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
@@ -261,17 +262,18 @@ class Runtime:
                 self._release_held()  # a document cancelled or failed between iterations
                 if not self.engine.has_work:
                     continue
-                it = self.engine.step()
-                if it is None:  # nothing could be planned: wait for a command, not spin
+                advanced = self.engine.advance()
+                if advanced is None:  # nothing could be planned: wait for a command, not spin
                     stopping |= self._drain(block=True)
                     continue
-                if self._writer is not None:
-                    self._writer.iteration(it)
-                if self._on_iteration is not None:
-                    self._on_iteration(it)
-                for rid, token in it.sampled.items():
-                    self._handles[rid]._token(token)
-                for req in it.finished:
+                for it in advanced.iterations:
+                    if self._writer is not None:
+                        self._writer.iteration(it)
+                    if self._on_iteration is not None:
+                        self._on_iteration(it)
+                for handle in self._handles.values():
+                    handle._catch_up()
+                for req in advanced.finished:
                     self._ended(req)
                 self._release_held()
         except BaseException:

@@ -40,6 +40,9 @@ def format_summary(s: dict[str, Any]) -> str:
                 f"{pre['count']} ({pre['median_abort_latency_ms']:.1f} ms)",
             )
         )
+    wait = s.get("step_wait")
+    if wait and wait["max_ms"] is not None:  # chats that arrived during a step
+        rows.append(("Longest wait for a running step:", f"{wait['max_ms']:.0f} ms"))
     lines += [f"{k:<34}{_fmt(v):>22}" for k, v in rows]
     batching = s["backend"].get("batching")
     if batching is not None:  # the reason is longer than a table cell

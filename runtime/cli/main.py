@@ -122,10 +122,6 @@ def serve(
     from edgeprefill.runtime.server.serve import build
     from edgeprefill.runtime.server.serve import serve as run_server
 
-    if o["backend"] == "vllm":
-        raise UserError(
-            "serve runs on --backend llamacpp for now; the vLLM backend has no embedding API yet"
-        )
     parse_policy(policy_spec)
     options = run_options(o, progress=False)
     with open_device(o) as (make_backend, profile), make_backend() as backend:

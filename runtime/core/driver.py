@@ -58,6 +58,10 @@ class Driver(Protocol):
 
     def abort(self, reason: str) -> list[Request]: ...
 
+    def queues(self) -> dict[str, tuple[int, int]]:
+        """Requests waiting for a sequence and running, by class (a server's metrics)."""
+        ...
+
 
 class SchedulingBackend(Protocol):
     """A backend that schedules its own batches (vLLM): the runtime hands it the policy

@@ -18,7 +18,7 @@ from edgeprefill.runtime.core.iteration import Advance, Iteration
 from edgeprefill.runtime.core.plan import IterationTiming, Plan
 from edgeprefill.runtime.core.planner import Planner
 from edgeprefill.runtime.core.profile import DeviceProfile
-from edgeprefill.runtime.core.request import Request, Status
+from edgeprefill.runtime.core.request import CLASSES, Request, Status
 from edgeprefill.runtime.core.scheduler import BackgroundLimits, Scheduler
 from edgeprefill.runtime.core.targets import FirstTokenTargets
 
@@ -32,7 +32,6 @@ class Executed:
     timing: IterationTiming
     landed_s: float  # when the device call returned
     sampled: dict[int, int] = field(default_factory=dict)  # sequence id -> new token
-    tokens: dict[str, int] = field(default_factory=dict)  # request id -> new token
     prefill_by_class: dict[str, int] = field(default_factory=dict)
     preempted: dict[str, Any] | None = None  # prompt tokens kept and lost, abort latency
     error: str | None = None
@@ -185,9 +184,7 @@ class Engine:
             host_s=host_s,
             n_prefill_foreground=by_class["foreground"],
         )
-        seq_to_id = {r.seq_id: r.id for r in self.scheduler.running}
-        tokens = {seq_to_id[seq]: t for seq, t in result.sampled.items()}
-        return Executed(plan, timing, landed, result.sampled, tokens, by_class, preempted)
+        return Executed(plan, timing, landed, result.sampled, by_class, preempted)
 
     def _kept(
         self, plan: Plan, work: list[SeqWork], kept_by_seq: dict[int, int], landed: float
@@ -234,7 +231,6 @@ class Engine:
             ran.prefill_by_class,
             self.planner.snapshot(),
             finished,
-            ran.tokens,
             ran.error,
             ran.preempted,
             save_s,
@@ -283,3 +279,7 @@ class Engine:
     def abort(self, reason: str) -> list[Request]:
         """Fail every waiting and running request (the run is stopping)."""
         return self.scheduler.abort(reason)
+
+    def queues(self) -> dict[str, tuple[int, int]]:
+        s = self.scheduler
+        return {c: (len(s.waiting[c]), sum(r.cls == c for r in s.running)) for c in CLASSES}

@@ -19,7 +19,6 @@ class Iteration:
     prefill_by_class: dict[str, int]
     policy_state: dict[str, Any]
     finished: list[Request] = field(default_factory=list)
-    sampled: dict[str, int] = field(default_factory=dict)  # request id -> its new token
     error: str | None = None
     # Aborted part-way for a foreground arrival: prompt tokens kept (those in `plan`) and
     # lost, and the time from the arrival to the abort landing.

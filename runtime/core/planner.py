@@ -2,7 +2,8 @@
 
 The runtime's `Engine` and the vLLM scheduler adapter each describe their requests as
 `Candidate`s and ask the `Planner`; it builds the state, asks the policy once, lets the
-thermal guard cap the background's share and bounds how long background decodes wait. What
+thermal guard cap the background's share, bounds how long background decodes wait and, on a
+backend that cannot stop a step, how long a documents-only step runs (`StepLimit`). What
 each engine then does with the `Decision` (the runtime's `Scheduler.plan`, or vLLM's
 `_reserve_prefill_lookahead`) is the only part that differs.
 """
@@ -16,6 +17,7 @@ from typing import Any
 from edgeprefill.runtime.core.budget import BackgroundCap, BudgetPolicy
 from edgeprefill.runtime.core.plan import Decision, IterationTiming, SchedState
 from edgeprefill.runtime.core.state import Candidate, sched_state
+from edgeprefill.runtime.core.steplimit import StepLimit
 
 # The most iterations in a row background decodes may be left out of, so a document's
 # summary always progresses.
@@ -23,9 +25,15 @@ MAX_DEFERRED = 8
 
 
 class Planner:
-    def __init__(self, policy: BudgetPolicy, guard: BackgroundCap | None = None) -> None:
+    def __init__(
+        self,
+        policy: BudgetPolicy,
+        guard: BackgroundCap | None = None,
+        step_limit: StepLimit | None = None,  # on a backend that cannot stop a step
+    ) -> None:
         self.policy = policy
         self.guard = guard
+        self.step_limit = step_limit
         self.last: IterationTiming | None = None  # the latest completed iteration
         self._deferred_run = 0  # decisions in a row that deferred background decodes
 
@@ -44,7 +52,14 @@ class Planner:
             self.guard.update()
             cap = self.guard.background_cap(decision.budget, n_batch)
             decision = replace(decision, background_cap=cap)
-        return decision
+        return self._limit_step(decision, state)
+
+    def _limit_step(self, decision: Decision, state: SchedState) -> Decision:
+        cap = self.step_limit.cap(state) if self.step_limit is not None else None
+        if cap is None or (decision.background_cap is not None and decision.background_cap <= cap):
+            return decision
+        reason = f"{decision.reason}; a step that cannot be stopped sized for a chat's wait"
+        return replace(decision, background_cap=cap, reason=reason)
 
     @staticmethod
     def _may_defer(state: SchedState) -> bool:

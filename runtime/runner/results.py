@@ -10,6 +10,7 @@ is between two iterations, where a chat's next token waits.
 
 from __future__ import annotations
 
+import bisect
 import json
 from pathlib import Path
 from typing import IO, Any
@@ -107,6 +108,7 @@ class RunWriter(Closeable):
             "iterations": self.n_iterations,
             "accounting": accounting,
             "preemption": self._preemption(),
+            "step_wait": self._step_wait(),
             **{c: class_summary([r for r in recs if r["class"] == c], duration_s) for c in CLASSES},
         }
 
@@ -121,6 +123,22 @@ class RunWriter(Closeable):
             "prompt_tokens_lost": sum(p["lost"] for p in self.preemptions),
             "median_abort_latency_ms": float(np.median(latencies)) * 1e3 if latencies else None,
             "max_abort_latency_ms": max(latencies) * 1e3 if latencies else None,
+        }
+
+    def _step_wait(self) -> dict[str, Any]:
+        """How long chats that arrived while a step was running waited for it to end: the
+        part of a first token no scheduling decision can shorten once the step started, so
+        what a backend that cannot stop a step (vLLM) must bound by the steps it plans."""
+        starts = [s.t_start_s for s in self.spans]  # in order: iterations run one at a time
+        waits = []
+        for r in self.records:
+            i = bisect.bisect_right(starts, r["arrival_s"]) - 1
+            if r["class"] == "foreground" and i >= 0 and self.spans[i].t_end_s > r["arrival_s"]:
+                waits.append(self.spans[i].t_end_s - r["arrival_s"])
+        return {
+            "foreground_arrivals_mid_step": len(waits),
+            "median_ms": float(np.median(waits)) * 1e3 if waits else None,
+            "max_ms": max(waits) * 1e3 if waits else None,
         }
 
     def write_summary(self, summary: dict[str, Any]) -> None:

@@ -12,15 +12,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.contract import Backend
 from edgeprefill.runtime.core.driver import Driver, SchedulingBackend
-from edgeprefill.runtime.core.engine import Engine
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.request import Request
 from edgeprefill.runtime.core.scheduler import BackgroundLimits
 from edgeprefill.runtime.policies import parse_policy
+from edgeprefill.runtime.runner.drivers import open_driver
 from edgeprefill.runtime.runner.progress import LiveProgress
 from edgeprefill.runtime.runner.replay import RunOutcome, run_requests
 from edgeprefill.runtime.runner.results import RunWriter
@@ -68,7 +67,7 @@ def run_workload(
     o = options or RunOptions()
     policy = parse_policy(policy_spec)
     requests = build_requests(workload, backend.tokenizer, seed)
-    engine = _driver(backend, policy, o, profile)
+    engine = open_driver(backend, policy, o.limits, profile)
     cache = getattr(backend, "prefix_cache", None)
     if cache is not None and o.fresh_kv_cache:
         cache.clear()
@@ -131,27 +130,3 @@ def _telemetry(
         "telemetry": {"unavailable": why},
         "energy": energy_summary([], [], [], reasons={"cpu": why, "gpu": why}),
     }
-
-
-def _driver(
-    backend: Backend | SchedulingBackend,
-    policy: BudgetPolicy,
-    o: RunOptions,
-    profile: DeviceProfile | None,
-) -> Driver:
-    """The runtime's engine over a backend it schedules; a self-scheduling backend's own
-    engine (vLLM) with the same policy object."""
-    if isinstance(backend, Backend):
-        try:
-            return Engine(backend, policy, limits=o.limits, profile=profile)
-        except ValueError as e:
-            raise UserError(f"--max-background/--foreground-kv: {e}") from None
-    if o.limits is not None and o.limits != BackgroundLimits():
-        raise UserError(
-            f"--max-background/--foreground-kv apply to the llama.cpp backend; {backend.name} "
-            "admits requests by its own KV-cache accounting: drop them"
-        )
-    if profile is not None:
-        policy.calibrate(profile)
-    policy.check_ready()
-    return backend.engine(policy, profile=profile)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -70,13 +68,13 @@ class ServerMetrics:
             self.waiting.labels(cls).set(0)
             self.running.labels(cls).set(0)
 
-    def iteration(self, it: Iteration, scheduler: Any) -> None:
+    def iteration(self, it: Iteration, queues: dict[str, tuple[int, int]]) -> None:
         self.budget.set(-1 if it.plan.budget is None else it.plan.budget)
         if it.preempted:
             self.preemptions.inc()
-        for cls in CLASSES:
-            self.waiting.labels(cls).set(len(scheduler.waiting[cls]))
-            self.running.labels(cls).set(sum(r.cls == cls for r in scheduler.running))
+        for cls, (waiting, running) in queues.items():
+            self.waiting.labels(cls).set(waiting)
+            self.running.labels(cls).set(running)
 
     def measure_energy(self, sampler: TelemetrySampler, tdp_w: float | None) -> None:
         """Report energy per token from `sampler`'s samples (read when /metrics is asked)."""

@@ -9,6 +9,7 @@ from typing import Any
 
 from edgeprefill.runtime.api.runtime import Runtime
 from edgeprefill.runtime.core.contract import Backend
+from edgeprefill.runtime.core.driver import SchedulingBackend
 from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.scheduler import BackgroundLimits
 from edgeprefill.runtime.server.app import Routes, create_app
@@ -37,7 +38,7 @@ class Served:
 
 
 def build(
-    backend: Backend,
+    backend: Backend | SchedulingBackend,
     policy: str,
     *,
     profile: DeviceProfile | None,
@@ -55,7 +56,7 @@ def build(
 
     def on_iteration(it: Any) -> None:
         assert rt is not None
-        metrics.iteration(it, rt.engine.scheduler)
+        metrics.iteration(it, rt.engine.queues())
 
     rt = Runtime(
         backend, policy, profile=profile, limits=limits, results=results,

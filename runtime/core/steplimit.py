@@ -1,0 +1,67 @@
+"""How long a step that cannot be stopped may run.
+
+llama.cpp's backend stops a documents-only micro-batch when a chat arrives (preemption).
+vLLM has no abort inside a step, so a chat that arrives during one waits for all of it: on
+vLLM's CPU build on an AVX2-only EPYC a 2,048-token documents-only step took 13.9 s, and
+chats that arrived during it waited 9-11 s for their first token. Where a backend cannot
+stop a step, a step with no foreground work in it is sized so that its predicted time stays
+within the wait a chat's first-token allowance leaves: (slowdown - 1) times a chat's prompt
+alone on this device, and never under a wait nobody notices. On a GPU, where a 2,048-token
+step takes ~0.1 s, that changes nothing.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+from edgeprefill.runtime.core.plan import SchedState
+from edgeprefill.runtime.core.profile import DeviceProfile
+from edgeprefill.runtime.core.request import DEFAULT_TTFT_SLOWDOWN
+
+# A wait before a first token that a person does not notice.
+UNNOTICED_WAIT_S = 0.25
+# The chat prompt the allowance is priced at before any chat has arrived (tokens); after,
+# the median of the last RECENT chats' prompts.
+FIRST_PROMPT = 256
+RECENT = 64
+
+
+class StepLimit:
+    def __init__(
+        self,
+        profile: DeviceProfile,
+        slowdown: float = DEFAULT_TTFT_SLOWDOWN["foreground"] or 3.0,
+        min_wait_s: float = UNNOTICED_WAIT_S,
+    ) -> None:
+        self.profile = profile
+        self.slowdown = slowdown
+        self.min_wait_s = min_wait_s
+        self._prompts: deque[int] = deque([FIRST_PROMPT], maxlen=RECENT)
+        self._seen = False
+
+    def saw_prompt(self, n_tokens: int) -> None:
+        """A foreground prompt arrived: the allowance follows the chats' prompts."""
+        if not self._seen:
+            self._prompts.clear()
+            self._seen = True
+        self._prompts.append(n_tokens)
+
+    @property
+    def wait_s(self) -> float:
+        """The longest a chat that arrives during a step should wait for it."""
+        alone = self.profile.prompt_alone_s(int(statistics.median(self._prompts)))
+        return max((self.slowdown - 1) * alone, self.min_wait_s)
+
+    def cap(self, state: SchedState) -> int | None:
+        """The most background prompt tokens in a step with no foreground work in it (at
+        least the profile's smallest chunk, so documents progress); None where the step
+        holds foreground work, which the policy's budget sizes, or no prompt work."""
+        if state.n_decode_foreground or state.foreground_prompt_left:
+            return None
+        if not state.next_prefill_left:
+            return None
+        n = self.profile.cost.max_prefill(
+            self.wait_s, state.n_decode, state.decode_ctx, state.next_prefill_pos
+        )
+        return max(n, self.profile.min_chunk)
