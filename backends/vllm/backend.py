@@ -164,7 +164,8 @@ class VllmBackend(Closeable):
         if settings.tensor_parallel_size > 1 and not on_gpu:
             raise UserError(
                 f"--tensor-parallel-size {settings.tensor_parallel_size} needs NVIDIA GPUs "
-                "and none is visible; drop it on a CPU"
+                "here and none is visible: drop it, or run vLLM's own server with "
+                "edgeprefill's scheduler (README, 'Serving it')"
             )
         _check_memory(settings, on_gpu)
         self.settings = settings
