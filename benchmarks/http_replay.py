@@ -109,6 +109,22 @@ class ServeProcess:
         self._log.close()
 
 
+def server_delivery(url: str) -> dict[str, float | None]:
+    """`edgeprefill serve`'s own time per streamed token (engine stamp to the connection),
+    from its /metrics histogram: the bucket bounds under which 50% and 99% of tokens fell."""
+    counts: dict[float, float] = {}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("edgeprefill_token_delivery_seconds_bucket"):
+            bound = line.split('le="')[1].split('"')[0]
+            counts[float(bound)] = float(line.rsplit(" ", 1)[1])
+    total = counts.get(float("inf"), 0.0)
+
+    def under(q: float) -> float | None:
+        return next((b * 1e3 for b, n in sorted(counts.items()) if n >= q * total), None)
+
+    return {"tokens": total, "p50_ms_at_most": under(0.5), "p99_ms_at_most": under(0.99)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("workload", type=Path)
@@ -126,11 +142,12 @@ def main() -> None:
     started = datetime.now(UTC)
     try:
         duration = replay(Endpoint(url, args.model), requests)  # type: ignore[arg-type]
+        delivery = server_delivery(url) if server is not None else None
     finally:
         if server is not None:
             server.close()
     name = "edgeprefill serve " + args.serve if args.serve is not None else url
-    backend = {"name": "http", "url": url, "server": name}
+    backend = {"name": "http", "url": url, "server": name, "token_delivery": delivery}
     seed = spec.seed if args.seed is None else args.seed
     meta = run_meta(backend, name, args.workload, seed, started)
     write_results(args.out, requests, duration, meta, name)

@@ -46,6 +46,10 @@ def test_openai_client_streams_the_same_answer_it_gets_whole_with_usage(server):
     assert whole.usage.completion_tokens == 12 and whole.usage.prompt_tokens > 5
     assert whole.usage.prompt_tokens_details.cached_tokens == 0
     assert [m.id for m in c.models.list().data] == ["tiny"]
+    # Each streamed chunk's time from the engine's stamp to the connection is measured.
+    metrics = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    sent = sum(bool(ch.choices and ch.choices[0].delta.content) for ch in chunks)
+    assert f"edgeprefill_token_delivery_seconds_count {float(sent)}" in metrics
 
 
 def test_a_stop_string_cuts_the_text_before_it_and_ends_the_request(server):

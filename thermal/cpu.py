@@ -9,6 +9,7 @@ per core; a count that rises between two samples marks the interval as throttled
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,26 +45,16 @@ class CpuTemperatureSensor(Sensor):
         if self._throttle:
             self._last_throttle = self._throttle_count()
         hwmon = self.root / "sys/class/hwmon"
-        for chip in sorted(hwmon.glob("hwmon*")):
-            try:
-                name = read_text(chip / "name")
-            except OSError:
-                continue
-            if name in CPU_HWMON:
-                inputs = sorted(chip.glob("temp*_input"))
-                package = [p for p in inputs if self._label(p).startswith(PACKAGE_LABELS)]
-                self._paths = package or inputs
-                if self._paths:
-                    return SensorStatus(True, f"hwmon:{name}")
+        for chip, name in _named(hwmon.glob("hwmon*"), "name", CPU_HWMON):
+            inputs = sorted(chip.glob("temp*_input"))
+            package = [p for p in inputs if self._label(p).startswith(PACKAGE_LABELS)]
+            self._paths = package or inputs
+            if self._paths:
+                return SensorStatus(True, f"hwmon:{name}")
         zones = self.root / "sys/class/thermal"
-        for zone in sorted(zones.glob("thermal_zone*")):
-            try:
-                kind = read_text(zone / "type")
-            except OSError:
-                continue
-            if kind in CPU_ZONES:
-                self._paths = [zone / "temp"]
-                return SensorStatus(True, f"thermal_zone:{kind}")
+        for zone, kind in _named(zones.glob("thermal_zone*"), "type", CPU_ZONES):
+            self._paths = [zone / "temp"]
+            return SensorStatus(True, f"thermal_zone:{kind}")
         if self.root == Path("/") and not sys.platform.startswith("linux"):
             if getattr(psutil, "sensors_temperatures", None) and psutil.sensors_temperatures():
                 self._use_psutil = True
@@ -148,3 +139,16 @@ class CpuLoadSensor(Sensor):
 
     def read(self, t_s: float) -> dict[str, Any]:
         return {"percent": psutil.cpu_percent(interval=None)}
+
+
+def _named(
+    folders: Iterable[Path], file: str, wanted: tuple[str, ...]
+) -> Iterator[tuple[Path, str]]:
+    """The folders, in order, whose `file` names one of `wanted` (unreadable ones skipped)."""
+    for folder in sorted(folders):
+        try:
+            name = read_text(folder / file)
+        except OSError:
+            continue
+        if name in wanted:
+            yield folder, name

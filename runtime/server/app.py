@@ -66,6 +66,9 @@ class Routes:
         self.admission = Admission(runtime, model_id, max_queue)
         self.tokenizer = runtime.backend.tokenizer
 
+    def _sent(self, stamp_s: float) -> None:
+        self.metrics.delivery.observe(self.runtime.engine.clock.now() - stamp_s)
+
     async def health(self) -> dict[str, str]:
         return {"status": "ok"}
 
@@ -88,7 +91,7 @@ class Routes:
             text = self.tokenizer.render_chat(messages)
             prompt = self.tokenizer.encode(text, add_bos=True, special=True)
             handle = self.admission.submit(body, prompt)
-        return await respond(body, handle, "chat.completion", self.model_id)
+        return await respond(body, handle, "chat.completion", self.model_id, self._sent)
 
     async def complete(self, body: CompletionRequest) -> Any:
         if body.document_id is not None:
@@ -102,7 +105,7 @@ class Routes:
             handle = self.admission.submit(body, prompt)
         else:
             handle = self.admission.submit(body, list(body.prompt))
-        return await respond(body, handle, "text_completion", self.model_id)
+        return await respond(body, handle, "text_completion", self.model_id, self._sent)
 
     async def add_document(self, body: DocumentRequest) -> dict[str, Any]:
         document: str | list[int] = body.text if body.text is not None else list(body.tokens or [])

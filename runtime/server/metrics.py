@@ -13,6 +13,7 @@ from edgeprefill.thermal.sampler import TelemetrySampler
 # Seconds: chat TTFT from tens of ms to a document's minutes; ITL from a few ms to stalls.
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2, 5)
+DELIVERY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
 
 
 class ServerMetrics:
@@ -26,6 +27,12 @@ class ServerMetrics:
         self.itl = Histogram(
             "edgeprefill_itl_seconds", "gaps between a request's tokens", ["cls"],
             buckets=ITL_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.delivery = Histogram(
+            "edgeprefill_token_delivery_seconds",
+            "the server's own time per streamed token: from the engine's stamp to the SSE "
+            "chunk handed to the connection",
+            buckets=DELIVERY_BUCKETS, registry=r,
         )  # fmt: skip
         self.waiting = Gauge(
             "edgeprefill_requests_waiting", "requests not admitted yet", ["cls"], registry=r

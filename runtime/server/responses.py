@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi.responses import StreamingResponse
@@ -15,8 +15,15 @@ from edgeprefill.runtime.core.request import Request as EngineRequest
 from edgeprefill.runtime.server.schema import Generation
 
 
-async def respond(body: Generation, handle: RequestHandle, kind: str, model_id: str) -> Any:
-    """`kind`: "chat.completion" or "text_completion"."""
+async def respond(
+    body: Generation,
+    handle: RequestHandle,
+    kind: str,
+    model_id: str,
+    sent: Callable[[float], None] = lambda stamp: None,
+) -> Any:
+    """`kind`: "chat.completion" or "text_completion". `sent` gets, each time a streamed
+    chunk has been handed to the connection, the engine's stamp of its newest token."""
     rid = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{handle.id}"
     base = {"id": rid, "created": int(time.time()), "model": model_id}
     pieces = _Stream(handle, body.stops)
@@ -28,12 +35,16 @@ async def respond(body: Generation, handle: RequestHandle, kind: str, model_id: 
             "usage": usage(handle.request),
         }  # fmt: skip
     chunk = {**base, "object": "chat.completion.chunk" if kind == "chat.completion" else kind}
-    events = _events(chunk, kind, pieces, body.include_usage)
+    events = _events(chunk, kind, pieces, body.include_usage, sent)
     return StreamingResponse(events, media_type="text/event-stream")
 
 
 async def _events(
-    base: dict[str, Any], kind: str, pieces: _Stream, include_usage: bool
+    base: dict[str, Any],
+    kind: str,
+    pieces: _Stream,
+    include_usage: bool,
+    sent: Callable[[float], None],
 ) -> AsyncIterator[str]:
     handle = pieces.handle
     try:
@@ -43,6 +54,7 @@ async def _events(
         async for text in pieces:
             if text:
                 yield sse({**base, "choices": [_choice(kind, text, None, whole=False)]})
+                sent(pieces.stamp_s)  # resumed once the server took the chunk
         yield sse({**base, "choices": [_choice(kind, "", pieces.finish_reason(), whole=False)]})
         if include_usage:
             yield sse({**base, "choices": [], "usage": usage(handle.request)})
@@ -81,11 +93,13 @@ class _Stream:
     def __init__(self, handle: RequestHandle, stops: list[str]) -> None:
         self.handle, self.stops = handle, stops
         self.stopped = False
+        self.stamp_s = 0.0  # when the engine stamped the newest token read
 
     async def __aiter__(self) -> AsyncIterator[str]:
         held = ""
         async for piece in self.handle:
             held += piece.text
+            self.stamp_s = piece.time_s
             if self.stops:
                 cut = min((held.find(s) for s in self.stops if s in held), default=-1)
                 if cut >= 0:
