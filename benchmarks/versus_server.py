@@ -61,26 +61,35 @@ CONFIGS = [Config(n, "server", a) for n, a in SERVER.items()] + [
 ]
 
 
-def run_one(cfg: Config, workload: str, seed: int, out: Path, tools: Path) -> None:
-    """One replay into `out` (skipped when its summary exists: runs resume)."""
+def run_one(
+    cfg: Config, workload: str, seed: int, out: Path, tools: Path, threads: int | None = None
+) -> None:
+    """One replay into `out` (skipped when its summary exists: runs resume); `threads`:
+    compute threads for either kind [default: each one's own]."""
     if (out / "summary.json").exists():
         return
     if cfg.kind == "server":
         cmd = [sys.executable, str(ROOT / "benchmarks/llama_server.py"), workload]
         cmd += ["--tools", str(tools), "--seed", str(seed), "--out", str(out)]
         cmd += ["--server-args", cfg.arg or ""]
+        cmd += ["--threads", str(threads)] if threads else []
     else:
         cmd = [sys.executable, "-m", "edgeprefill.runtime.cli", "run", "--backend", "llamacpp"]
         cmd += [workload, "--seed", str(seed), "--out", str(out)]
         cmd += ["--policy", cfg.arg] if cfg.arg else []
+        cmd += ["--threads", str(threads)] if threads else []
     print(f"[{workload} seed {seed}] {cfg.name}", flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     with (out.parent / f"{cfg.name}.log").open("w") as log:
         subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=True)
 
 
-def run(out: Path, seeds: int, tools: Path) -> None:
-    if not (tools / "llama-server").exists():
+def run(
+    out: Path, seeds: int, tools: Path, threads: int | None = None, only: list[str] | None = None
+) -> None:
+    """`only`: the configurations to run (names) [default: all]."""
+    configs = [c for c in CONFIGS if only is None or c.name in only]
+    if any(c.kind == "server" for c in configs) and not (tools / "llama-server").exists():
         print(
             f"error: no llama-server in {tools}: run benchmarks/build_llamacpp_tools.sh first",
             file=sys.stderr,
@@ -88,13 +97,13 @@ def run(out: Path, seeds: int, tools: Path) -> None:
         sys.exit(2)
     for seed in range(seeds):
         for workload in WORKLOADS:
-            configs = CONFIGS[seed % len(CONFIGS) :] + CONFIGS[: seed % len(CONFIGS)]
-            for cfg in configs:
-                run_one(
-                    cfg, workload, seed, out / Path(workload).stem / f"seed{seed}" / cfg.name, tools
-                )
+            turn = seed % len(configs)
+            for cfg in configs[turn:] + configs[:turn]:
+                where = out / Path(workload).stem / f"seed{seed}" / cfg.name
+                run_one(cfg, workload, seed, where, tools, threads)
         chats = Config(DEFAULT, "edgeprefill", None)
-        run_one(chats, CHAT_ONLY, seed, out / "chat_only" / f"seed{seed}" / DEFAULT, tools)
+        where = out / "chat_only" / f"seed{seed}" / DEFAULT
+        run_one(chats, CHAT_ONLY, seed, where, tools, threads)
     (out / "versus.md").write_text(tables(out))
     for workload in WORKLOADS:
         first = out / Path(workload).stem / "seed0"
@@ -268,11 +277,14 @@ def main() -> None:
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--seeds", type=int, default=3)
     r.add_argument("--tools", type=Path, default=TOOLS, help="folder with llama-server")
+    r.add_argument("--threads", type=int, default=None, help="compute threads for every run")
+    r.add_argument("--only", default=None, help="comma-separated configurations to run")
     t = sub.add_parser("table", help="print the tables of a finished (or partial) run")
     t.add_argument("out", type=Path)
     args = ap.parse_args()
     if args.command == "run":
-        run(args.out, args.seeds, args.tools)
+        only = args.only.split(",") if args.only else None
+        run(args.out, args.seeds, args.tools, args.threads, only)
     else:
         print(tables(args.out), end="")
 

@@ -106,9 +106,9 @@ class BudgetMixin:
                 _left(r),
                 r.arrival_time,
                 target,
-                admitted,
-                admitted or self._ep_can_admit(r),
-                slowdown,
+                admitted=admitted,
+                admissible=admitted or self._ep_can_admit(r),
+                ttft_slowdown=slowdown,
             )
 
         running = [candidate(r, True) for r in self.running]  # type: ignore[attr-defined]

@@ -142,9 +142,9 @@ class Scheduler:
                     r.prompt_len,
                     r.arrival_s,
                     r.ttft_target_s,
-                    False,
-                    self._can_admit(r),
-                    r.ttft_slowdown,
+                    admitted=False,
+                    admissible=self._can_admit(r),
+                    ttft_slowdown=r.ttft_slowdown,
                 )
                 for r in self.waiting[cls]
             ]
