@@ -54,6 +54,11 @@ def test_a_chat_beside_decodes_that_fill_the_itl_target_gets_its_first_token_in_
     while not late.output:
         iterations.append(engine.step())
     assert all(len(r.output) < 400 for r in talking)  # the others decoded all along
+    # No progress only until it is late (2/3 of its prompt alone: ~6 iterations of 0.11 s),
+    # then some of its prompt in every iteration up to its first token.
+    progress = ["late" in it.plan.prefill for it in iterations]
+    first = progress.index(True)
+    assert first <= 7 and all(progress[first:])
     # The budget alone for 2/3 of its time alone, then at the rate of 3x its time alone:
     # within 3.7x (it used to get 0 tokens for 8 iterations in every 9: 40x).
     assert late.token_times_s[0] - late.arrival_s <= (3 + 2 / 3) * late.ttft_alone_s * 1.05
