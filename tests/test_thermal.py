@@ -305,6 +305,29 @@ def test_sampler_thread_runs_on_the_given_clock_and_stops(tmp_path):
     assert sampler.describe()["overhead_cpu_percent"] < 50
 
 
+def test_a_servers_energy_is_a_running_total_over_samples_it_does_not_keep():
+    """A server samples for days: it keeps the recent samples only, and /metrics adds the
+    energy between consecutive samples as they come (RAPL counts microjoules)."""
+    from edgeprefill.runtime.server.metrics import ServerMetrics
+
+    clock = iter(np.arange(0, 100, 0.2))
+    rapl = Scripted("rapl", [{"package-0": j} for j in (0.0, 1.0, 3.0, 6.0, 10.0)])
+    rapl.read = lambda t, r=rapl, f=Scripted.read: {"energy_j": f(r, t)["v"]}  # type: ignore[method-assign]
+    sampler = TelemetrySampler([rapl], lambda: float(next(clock)), keep=2)
+    metrics = ServerMetrics()
+    metrics.measure_energy(sampler, tdp_w=None)
+    sampler.open()
+    for _ in range(5):
+        sampler.sample_once()
+    assert len(sampler.samples) == 2  # bounded
+    metrics._n_tokens = 4
+    line = next(
+        x for x in metrics.text().decode().splitlines()
+        if x.startswith("edgeprefill_energy_joules_per_token{")
+    )  # fmt: skip
+    assert float(line.split()[-1]) == pytest.approx(10.0 / 4)  # all five samples' energy
+
+
 # --- energy -----------------------------------------------------------------------------
 def samples_at(watts: float, seconds: float, step: float = 0.2) -> list[dict]:
     return [

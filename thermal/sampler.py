@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -26,7 +27,10 @@ class TelemetrySampler:
         now: Callable[[], float],
         out: Path | None = None,
         period_s: float = DEFAULT_PERIOD_S,
+        keep: int | None = None,
     ) -> None:
+        """`keep`: the most samples held in memory (None: all, for a run's summary; a
+        server that runs for days keeps the recent ones and `listeners` see each)."""
         if period_s <= 0:
             raise ValueError(f"telemetry period must be positive, got {period_s}")
         self.sensors = list(sensors)
@@ -34,7 +38,9 @@ class TelemetrySampler:
         self.period_s = period_s
         self.status: dict[str, SensorStatus] = {}
         self.failures: dict[str, str] = {}
-        self.samples: list[dict[str, Any]] = []
+        self.samples: deque[dict[str, Any]] = deque(maxlen=keep)
+        # Called on the sampling thread with each sample, after it is stored.
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
         self._out = out
         self._file: IO[str] | None = None
         self._stop = threading.Event()
@@ -84,6 +90,8 @@ class TelemetrySampler:
             self.samples.append(record)
         if self._file is not None:
             self._file.write(json.dumps(record) + "\n")
+        for listen in self.listeners:
+            listen(record)
         return record
 
     def _loop(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -68,8 +70,9 @@ class ServerMetrics:
             "nothing measures it",
             ["device", "source"], registry=r,
         )  # fmt: skip
-        self._sampler: TelemetrySampler | None = None
         self._tdp_w: float | None = None
+        self._last_sample: dict[str, Any] | None = None
+        self._joules: dict[tuple[str, str], float] = {}  # (device, source) -> since start
         self._n_tokens = 0
         for cls in CLASSES:  # every series present from the start
             self.waiting.labels(cls).set(0)
@@ -84,8 +87,11 @@ class ServerMetrics:
             self.running.labels(cls).set(running)
 
     def measure_energy(self, sampler: TelemetrySampler, tdp_w: float | None) -> None:
-        """Report energy per token from `sampler`'s samples (read when /metrics is asked)."""
-        self._sampler, self._tdp_w = sampler, tdp_w
+        """Report energy per token from `sampler`'s samples: each one adds the energy since
+        the one before to a running total, so a server that runs for days neither keeps
+        every sample nor sums them all again at each scrape."""
+        self._tdp_w = tdp_w
+        sampler.listeners.append(self._add_energy)
 
     def ended(self, req: Request) -> None:
         self.requests.labels(req.cls, "error" if req.error else "completed").inc()
@@ -100,17 +106,21 @@ class ServerMetrics:
             self.kv_tokens.inc(req.prefix_reused_tokens)
 
     def text(self) -> bytes:
-        self._update_energy()
+        if self._n_tokens:
+            for (device, source), joules in list(self._joules.items()):
+                self.energy.labels(device, source).set(joules / self._n_tokens)
         return generate_latest(self.registry)
 
-    def _update_energy(self) -> None:
-        if self._sampler is None or not self._n_tokens:
+    def _add_energy(self, sample: dict[str, Any]) -> None:
+        """On the sampling thread: the energy between the previous sample and this one."""
+        pair, self._last_sample = [self._last_sample, sample], sample
+        if pair[0] is None:
             return
-        samples = list(self._sampler.samples)
         for device, series in (
-            ("cpu", cpu_series(samples, self._tdp_w)),
-            ("gpu", gpu_series(samples)),
+            ("cpu", cpu_series(pair, self._tdp_w)),
+            ("gpu", gpu_series(pair)),
         ):
             if series is not None:
+                key = (device, series.source)
                 joules = series.between(float(series.t_s[0]), float(series.t_s[-1]))
-                self.energy.labels(device, series.source).set(joules / self._n_tokens)
+                self._joules[key] = self._joules.get(key, 0.0) + joules

@@ -19,6 +19,10 @@ from edgeprefill.thermal.telemetry import TelemetryConfig, default_sensors
 
 log = logging.getLogger(__name__)
 
+# Telemetry samples a server holds in memory (10 minutes at the default period): /metrics
+# keeps a running energy total, and telemetry.jsonl, with --results, has them all.
+KEEP_SAMPLES = 3000
+
 
 @dataclass
 class Served:
@@ -66,9 +70,11 @@ def build(
     if telemetry is not None:
         out = None if results is None else results / "telemetry.jsonl"
         sampler = TelemetrySampler(
-            default_sensors(telemetry), rt.engine.clock.now, out, telemetry.period_s
-        ).start()
+            default_sensors(telemetry), rt.engine.clock.now, out, telemetry.period_s,
+            keep=KEEP_SAMPLES,
+        )  # fmt: skip
         metrics.measure_energy(sampler, telemetry.tdp_w)
+        sampler.start()
     app = create_app(Routes(rt, model_id, metrics, max_queue), api_key)
     return Served(app, rt, sampler)
 
