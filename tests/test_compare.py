@@ -28,9 +28,12 @@ def test_paired_ratio_and_t_interval_by_hand():
         math.exp((math.log(0.9) + math.log(0.8) + math.log(1.2)) / 3)
     )
     assert r["change_mean"] == pytest.approx(-0.1 / 3)
-    sd = (sum((x + 0.1 / 3) ** 2 for x in (-0.1, -0.2, 0.2)) / 2) ** 0.5
+    logs = [math.log(0.9), math.log(0.8), math.log(1.2)]
+    mean = sum(logs) / 3
+    sd = (sum((x - mean) ** 2 for x in logs) / 2) ** 0.5
     half = 4.302652729911275 * sd / math.sqrt(3)  # t(0.975, df=2)
-    assert r["change_ci95"] == pytest.approx([-0.1 / 3 - half, -0.1 / 3 + half])
+    assert r["change_ci95"] == pytest.approx([math.expm1(mean - half), math.expm1(mean + half)])
+    assert paired([0.05, 0.04, 0.06], [1.0, 1.0, 1.0])["change_ci95"][0] > -1  # a ratio
     assert paired([1.0], [2.0])["change_ci95"] is None  # one pair: no interval
 
 
