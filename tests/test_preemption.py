@@ -110,7 +110,7 @@ def test_documents_decodes_finish_and_only_their_prompt_work_stops(make_backend)
     engine.preempt()  # a chat arrives before the next iteration's prompt pass
     it = engine.step()
     assert it is not None and it.plan.decode == ("short",) and it.preempted is not None
-    assert len(a.output) == 2 and it.sampled == {"short": a.output[-1]}  # the decode kept
+    assert len(a.output) == 2 and a.token_times_s[-1] >= it.t_start_s  # the decode kept
     assert it.preempted == {**it.preempted, "kept": 0, "lost": be.settings.n_ubatch}
     assert b.num_computed == be.seq_pos_max(b.seq_id) + 1  # no cells past what is kept
     while engine.has_work:
