@@ -100,7 +100,10 @@ def table(out: Path) -> str:
                 "-" if not d or d["p99_ms_at_most"] is None else f"{d['p99_ms_at_most']:g}"
             )
             lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "| edgeprefill serve against llama-server | " + " | ".join(c[0] for c in COLUMNS)]
+    lines += [
+        "",
+        "| edgeprefill serve against llama-server | " + " | ".join(c[0] for c in COLUMNS) + " |",
+    ]
     lines.append("|" + "---|" * (len(COLUMNS) + 1))
     cells = [f"{len(runs)} seeds, geometric mean [paired 95% interval of the change]"]
     for _, cls, key, _ in COLUMNS:
