@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -97,31 +98,15 @@ def test_the_planner_caps_documents_only_steps_and_keeps_a_smaller_cap():
     assert guarded.background_cap == 40
 
 
-WORKLOAD = """
-name: mid_step
-seed: 1
-streams:
-  chat:
-    class: foreground
-    arrivals: {process: poisson, rate_per_s: 2, count: 6, start_s: 0.3}
-    prompt: {source: text, tokens: {min: 60, max: 120}}
-    output_tokens: {min: 4, max: 8}
-    ignore_eos: true
-  docs:
-    class: background
-    arrivals: {process: burst, count: 3, start_s: 0.0}
-    prompt: {source: text, tokens: {min: 3000, max: 4000}}
-    output_tokens: {min: 2, max: 4}
-    ignore_eos: true
-"""
+# Issue 23's trace: five ~2,600-token documents at once, four chats arriving while they are read.
+TRACE = Path(__file__).parents[1] / "benchmarks" / "step_wait.yaml"
 
 
 def test_summary_gives_how_long_chats_waited_for_the_step_running_at_their_arrival(tmp_path):
     model = tmp_path / "cm.json"
     save_profile(profile(SLOW), model)
-    (tmp_path / "w.yaml").write_text(WORKLOAD)
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "edgeprefill.runtime.cli.main", "run", str(tmp_path / "w.yaml")]
+    cmd = [sys.executable, "-m", "edgeprefill.runtime.cli.main", "run", str(TRACE)]
     cmd += ["--backend", "sim", "--cost-model", str(model), "--policy", "unlimited"]
     cmd += ["--out", str(out), "--no-progress"]
     subprocess.run(cmd, check=True, capture_output=True, timeout=120)

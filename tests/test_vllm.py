@@ -232,12 +232,8 @@ def test_one_workload_and_seed_give_byte_identical_arrivals_on_every_backend(
     assert traces["vllm"].count(b"\n") == 9
 
 
-def test_a_chat_arriving_while_documents_prefill_goes_first_in_the_next_step(vllm_backend):
-    """vLLM schedules running requests first whatever their priority; the runtime serves
-    foreground prompts first on both backends, so the chat does not wait for documents,
-    and with no budget set, no document tokens ride beside its prompt."""
-    tok = vllm_backend.tokenizer
-    engine = vllm_backend.engine(Recording(None))  # a capping policy that sets no budget
+def add_documents(engine, tok) -> list[Request]:
+    """Three 1,000-token documents, added to `engine` at once."""
     text = tok.encode(
         "the house of the river by the garden in summer " * 300, add_bos=True, special=True
     )
@@ -246,6 +242,16 @@ def test_a_chat_arriving_while_documents_prefill_goes_first_in_the_next_step(vll
     ]
     for d in docs:
         engine.add(d)
+    return docs
+
+
+def test_a_chat_arriving_while_documents_prefill_goes_first_in_the_next_step(vllm_backend):
+    """vLLM schedules running requests first whatever their priority; the runtime serves
+    foreground prompts first on both backends, so the chat does not wait for documents,
+    and with no budget set, no document tokens ride beside its prompt."""
+    tok = vllm_backend.tokenizer
+    engine = vllm_backend.engine(Recording(None))  # a capping policy that sets no budget
+    docs = add_documents(engine, tok)
     engine.advance()  # the documents start their prompts (1024 tokens a step)
     chat = Request(
         "chat",
@@ -273,16 +279,9 @@ def test_a_documents_only_step_is_sized_for_the_wait_of_a_chat_arriving_during_i
     tok = vllm_backend.tokenizer
     limit = StepLimit(vllm_profile, min_wait_s=0.0)
     engine = vllm_backend.engine(parse_policy("unlimited"), profile=vllm_profile, step_limit=limit)
-    text = tok.encode(
-        "the house of the river by the garden in summer " * 300, add_bos=True, special=True
-    )
-    docs = [
-        Request(f"doc{i}", "background", 0.0, text[:1000], 3, ignore_eos=True) for i in range(3)
-    ]
-    for d in docs:
-        engine.add(d)
+    docs = add_documents(engine, tok)
     first = [it for _ in range(2) for it in engine.advance().iterations]
-    chat = Request("chat", "foreground", 0.0, text[:200], 4, ignore_eos=True)
+    chat = Request("chat", "foreground", 0.0, docs[0].prompt[:200], 4, ignore_eos=True)
     engine.add(chat)
     (it,) = engine.advance().iterations
     assert "chat" in it.plan.prefill
