@@ -59,6 +59,7 @@ def complete(base: str, prompt: str, max_tokens: int, priority: int) -> dict:
     return r.json()["usage"]
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two ranks need two cores")
 def test_under_vllm_serve_with_two_ranks_the_cap_holds_and_each_step_is_timed_once(tmp_path):
     model = write_tiny_model(tmp_path / "model")
     steps, port = tmp_path / "steps.jsonl", free_port()
