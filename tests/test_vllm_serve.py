@@ -47,7 +47,9 @@ def start(model, steps, port) -> subprocess.Popen:
         "--additional-config", json.dumps(config),
     ]  # fmt: skip
     # One core for each rank's threads (vLLM cannot bind two ranks to one NUMA node itself).
-    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_LOGGING_LEVEL": "WARNING"}
+    first, second = sorted(os.sched_getaffinity(0))[:2]  # whichever cores this process has
+    bind = f"{first}|{second}"
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": bind, "VLLM_LOGGING_LEVEL": "WARNING"}
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
