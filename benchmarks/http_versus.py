@@ -3,8 +3,7 @@ driver (`http_replay.py`'s streamed `/v1/completions` client), on one workload's
 seeds interleaved, the order rotated from seed to seed, ratios paired by seed.
 
     benchmarks/build_llamacpp_tools.sh            # once: llama-server from the vendored source
-    .venv/bin/python benchmarks/http_versus.py run --out results/http-versus --seeds 3
-    .venv/bin/python benchmarks/http_versus.py table results/http-versus
+    .venv/bin/python benchmarks/http_versus.py results/http-versus [--seeds 3] [--table]
 
 A run whose summary.json exists is kept (runs resume).
 """
@@ -19,9 +18,9 @@ from typing import Any
 
 from http_replay import Endpoint, ServeProcess, server_delivery
 from llama_server import Server, replay, run_meta, trace, write_results
+from versus_server import ratio_cell
 
 from edgeprefill.backends.bundled_model import default_model_path
-from edgeprefill.runtime.analysis.compare import paired
 from edgeprefill.runtime.traffic.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,7 +71,6 @@ def run(out: Path, seeds: int, tools: Path) -> None:
         order = CONFIGS if seed % 2 == 0 else CONFIGS[::-1]
         for name in order:
             run_one(name, ROOT / WORKLOAD, seed, out / f"seed{seed}" / name, tools, 18090)
-    print(table(out), end="")
 
 
 def metric(s: dict[str, Any], cls: str, key: str) -> float | None:
@@ -109,28 +107,21 @@ def table(out: Path) -> str:
     for _, cls, key, _ in COLUMNS:
         ours = [metric(r["edgeprefill-serve"], cls, key) for r in runs.values()]
         theirs = [metric(r["llama-server"], cls, key) for r in runs.values()]
-        p = paired(ours, theirs)
-        ci = p["change_ci95"]
-        span = f" [{ci[0]:+.0%} .. {ci[1]:+.0%}]" if ci else ""
-        cells.append(f"x{p['geomean_ratio']:.3f}{span}" if p["n"] else "-")
+        cells.append(ratio_cell(ours, theirs))
     lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="run what is missing, then print the table")
-    r.add_argument("--out", type=Path, required=True)
-    r.add_argument("--seeds", type=int, default=3)
-    r.add_argument("--tools", type=Path, default=TOOLS, help="folder with llama-server")
-    t = sub.add_parser("table", help="the table of a finished (or partial) run")
-    t.add_argument("out", type=Path)
+    ap.add_argument("out", type=Path, help="folder of the runs (kept runs are not made again)")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--tools", type=Path, default=TOOLS, help="folder with llama-server")
+    ap.add_argument("--table", action="store_true", help="only print the table of the runs")
     args = ap.parse_args()
-    if args.command == "run":
+    if not args.table:
         run(args.out, args.seeds, args.tools)
-    else:
-        print(table(args.out), end="")
+    print(table(args.out), end="")
 
 
 if __name__ == "__main__":

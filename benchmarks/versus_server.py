@@ -259,15 +259,19 @@ def ratio_table(runs: dict[str, dict[str, Any]]) -> list[str]:
             for _, cls, key, _, _ in COLUMNS:
                 a = [metric(runs[s][ours], cls, key) if runs[s][ours] else None for s in seeds]
                 b = [metric(runs[s][theirs], cls, key) if runs[s][theirs] else None for s in seeds]
-                p = paired(a, b)
-                if not p["n"]:
-                    cells.append("-")
-                    continue
-                ci = p["change_ci95"]
-                span = f" [{ci[0]:+.0%} .. {ci[1]:+.0%}]" if ci else ""
-                cells.append(f"x{p['geomean_ratio']:.3f}{span}")
+                cells.append(ratio_cell(a, b))
             rows.append("| " + " | ".join(cells) + " |")
     return rows
+
+
+def ratio_cell(ours: list[float | None], theirs: list[float | None]) -> str:
+    """The geometric-mean ratio over seeds, with its paired 95% interval of the change."""
+    p = paired(ours, theirs)
+    if not p["n"]:
+        return "-"
+    ci = p["change_ci95"]
+    span = f" [{ci[0]:+.0%} .. {ci[1]:+.0%}]" if ci else ""
+    return f"x{p['geomean_ratio']:.3f}{span}"
 
 
 def main() -> None:
