@@ -37,20 +37,17 @@ class StepLimit:
         self.profile = profile
         self.slowdown = slowdown
         self.min_wait_s = min_wait_s
-        self._prompts: deque[int] = deque([FIRST_PROMPT], maxlen=RECENT)
-        self._seen = False
+        self._prompts: deque[int] = deque(maxlen=RECENT)
 
     def saw_prompt(self, n_tokens: int) -> None:
         """A foreground prompt arrived: the allowance follows the chats' prompts."""
-        if not self._seen:
-            self._prompts.clear()
-            self._seen = True
         self._prompts.append(n_tokens)
 
     @property
     def wait_s(self) -> float:
         """The longest a chat that arrives during a step should wait for it."""
-        alone = self.profile.prompt_alone_s(int(statistics.median(self._prompts)))
+        typical = int(statistics.median(self._prompts)) if self._prompts else FIRST_PROMPT
+        alone = self.profile.prompt_alone_s(typical)
         return max((self.slowdown - 1) * alone, self.min_wait_s)
 
     def cap(self, state: SchedState) -> int | None:
