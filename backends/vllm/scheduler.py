@@ -33,7 +33,7 @@ from edgeprefill.backends.vllm.steps import (
     prompt_left,
 )
 from edgeprefill.runtime.core.budget import BackgroundCap, BudgetPolicy
-from edgeprefill.runtime.core.plan import Decision, Plan
+from edgeprefill.runtime.core.plan import Decision, Plan, riders
 from edgeprefill.runtime.core.planner import Planner
 from edgeprefill.runtime.core.state import Candidate
 from edgeprefill.runtime.core.steplimit import StepLimit
@@ -49,6 +49,10 @@ if not hasattr(Scheduler, "_reserve_prefill_lookahead"):  # private API: checked
 def _left(req: Any, num_computed: int | None = None) -> int:
     computed = req.num_computed_tokens if num_computed is None else num_computed
     return prompt_left(req.num_tokens, req.num_output_tokens, computed)
+
+
+def _outputs(req: Any) -> int:
+    return int(req.num_output_tokens)
 
 
 class BudgetMixin:
@@ -109,6 +113,7 @@ class BudgetMixin:
                 admitted=admitted,
                 admissible=admitted or self._ep_can_admit(r),
                 ttft_slowdown=slowdown,
+                output_left=r.max_tokens - r.num_output_tokens,
             )
 
         running = [candidate(r, True) for r in self.running]  # type: ignore[attr-defined]
@@ -130,11 +135,9 @@ class BudgetMixin:
     def _ep_apply(self, decision: Decision) -> None:
         """The decision as the caps `_reserve_prefill_lookahead` applies this step."""
         decodes = [r for r in self.running if _left(r) == 0]  # type: ignore[attr-defined]
-        self._ep_defer = tuple(
-            r.request_id
-            for r in decodes
-            if decision.defer_background_decodes and class_of(r.priority) == "background"
-        )
+        background = [r for r in decodes if class_of(r.priority) == "background"]
+        riding = {r.request_id for r in riders(background, decision, _outputs)}
+        self._ep_defer = tuple(r.request_id for r in background if r.request_id not in riding)
         self._ep_fg_floor = decision.floor or 0
         self._ep_left, self._ep_bg_left = decision.budget, decision.background_cap
         if decision.foreground_alone:

@@ -7,8 +7,11 @@ and testable, before any backend runs it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,9 @@ class SchedState:
     foreground_waited_s: float = 0.0
     foreground_ttft_target_s: float | None = None  # that request's own absolute target
     foreground_ttft_slowdown: float | None = None  # and its relative one
+    # The fewest tokens any foreground decode may still generate: within as many iterations
+    # one of them is certain to end (None: no foreground decode, or no bound known).
+    foreground_decode_ends: int | None = None
     # Whether background decodes may be left out of this iteration (the planner bounds how
     # many iterations in a row they are).
     may_defer: bool = True
@@ -67,10 +73,15 @@ class SchedState:
     def n_decode_background(self) -> int:
         return self.n_decode - self.n_decode_foreground
 
-    def without_background_decodes(self) -> SchedState:
-        """The state as an iteration that defers the background's decodes will see it."""
+    def without_background_decodes(self, riders: int = 0) -> SchedState:
+        """The state as an iteration that defers the background's decodes (all but
+        `riders` of them, each attending to their mean context) will see it."""
+        bg_ctx = self.decode_ctx - self.decode_ctx_foreground
+        share = riders / self.n_decode_background if self.n_decode_background else 0.0
         return replace(
-            self, n_decode=self.n_decode_foreground, decode_ctx=self.decode_ctx_foreground
+            self,
+            n_decode=self.n_decode_foreground + riders,
+            decode_ctx=self.decode_ctx_foreground + round(bg_ctx * share),
         )
 
 
@@ -84,6 +95,9 @@ class Decision:
     # so it meets its TTFT target (None: the budget alone).
     floor: int | None = None
     defer_background_decodes: bool = False  # leave the background's decodes out
+    # Where they are not left out: the most of them that ride, those with the fewest output
+    # tokens first (None: all).
+    background_decodes: int | None = None
     background_cap: int | None = None  # a further cap on background prompt tokens (thermal)
     # With no budget, a foreground prompt goes alone (its first token waits for every token
     # beside it). False only for a policy that leaves batching to the backend (`unlimited`).
@@ -101,6 +115,8 @@ class Decision:
             parts.append(f"floor={self.floor}")
         if self.defer_background_decodes:
             parts.append("defer background decodes")
+        elif self.background_decodes is not None:
+            parts.append(f"background_decodes={self.background_decodes}")
         if self.background_cap is not None:
             parts.append(f"background_cap={self.background_cap}")
         return f"Decision({', '.join(parts)}: {self.reason or 'no reason given'})"
@@ -142,3 +158,16 @@ class Plan:
     def __str__(self) -> str:
         chunks = ", ".join(f"{rid}: {n}" for rid, n in self.prefill.items())
         return f"Plan({self.decision}, decode=[{', '.join(self.decode)}], prefill={{{chunks}}})"
+
+
+def riders(background: Sequence[T], decision: Decision, outputs: Callable[[T], int]) -> list[T]:
+    """The background decodes that ride in an iteration under `decision`: none when it
+    defers them, else at most `background_decodes` of them, the fewest output tokens first
+    (so those left out one iteration go first the next: a round robin), in their order."""
+    if decision.defer_background_decodes:
+        return []
+    n = decision.background_decodes
+    if n is None or n >= len(background):
+        return list(background)
+    first = sorted(range(len(background)), key=lambda i: outputs(background[i]))[:n]
+    return [background[i] for i in sorted(first)]

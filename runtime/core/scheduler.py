@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from edgeprefill.runtime.core.contract import Capacity, SeqWork
-from edgeprefill.runtime.core.plan import Decision, Plan
+from edgeprefill.runtime.core.plan import Decision, Plan, riders
 from edgeprefill.runtime.core.request import CLASSES, Request, RequestClass, Status
 from edgeprefill.runtime.core.state import Candidate
 
@@ -131,6 +131,7 @@ class Scheduler:
                 r.arrival_s,
                 r.ttft_target_s,
                 ttft_slowdown=r.ttft_slowdown,
+                output_left=r.max_tokens - len(r.output),
             )
             for r in self.running
         ]
@@ -179,8 +180,9 @@ class Scheduler:
         decodes are left out when the decision defers them."""
         budget, background_cap = decision.budget, decision.background_cap
         decoding = [r for r in self.running if r.status is Status.DECODE]
-        defer = decision.defer_background_decodes
-        deferred = tuple(r.id for r in decoding if defer and r.cls == "background")
+        background = [r for r in decoding if r.cls == "background"]
+        riding = {r.id for r in riders(background, decision, lambda r: len(r.output))}
+        deferred = tuple(r.id for r in background if r.id not in riding)
         decode = tuple(r.id for r in decoding if r.id not in deferred)
         room = self.capacity.n_batch - len(decode)
         left = budget_cap = room if budget is None else max(0, min(budget, room))

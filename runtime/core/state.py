@@ -26,6 +26,7 @@ class Candidate:
     admitted: bool = True  # holds a sequence (False: waiting for one)
     admissible: bool = True  # waiting, and a sequence and KV cells are free for it now
     ttft_slowdown: float | None = None  # relative: its first token within this x its alone
+    output_left: int | None = None  # the most tokens it may still generate (None: unknown)
 
     @property
     def decodes(self) -> bool:
@@ -71,5 +72,9 @@ def sched_state(
         foreground_waited_s=max(now_s - fg.arrival_s, 0.0) if fg is not None else 0.0,
         foreground_ttft_target_s=fg.ttft_target_s if fg is not None else None,
         foreground_ttft_slowdown=fg.ttft_slowdown if fg is not None else None,
+        foreground_decode_ends=min(
+            (c.output_left for c in decodes if c.cls == "foreground" and c.output_left is not None),
+            default=None,
+        ),
         may_defer=may_defer,
     )
