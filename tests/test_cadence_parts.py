@@ -142,3 +142,27 @@ def test_the_first_token_floor_guarantees_a_rate_and_meets_an_absolute_target_in
     assert first_token_floor(cost, late, alone) == paced
     # A slack longer than the rate needs does not slow a late prompt below it.
     assert first_token_floor(cost, late, 100.0) == paced
+
+
+def test_the_guaranteed_rate_stays_within_the_itl_target_and_waits_for_a_slot_that_frees_soon():
+    cost = CostModel(0.001, 0.020, 0.002, 0.0)  # as at one thread: a sampled row 20 ms
+    itl = 0.100
+    four = SchedState(1, 0, 4, 4, 2048, foreground_prompt_left=300, foreground_waited_s=10.0)
+    rate = first_token_floor(cost, four, None)
+    capped = first_token_floor(cost, four, None, itl)
+    assert capped < rate  # the rate alone: 1.5x the four decodes' ~83 ms
+    assert cost.predict(4, capped, 1, 0) <= itl < cost.predict(4, capped + 1, 1, 0)
+    # A chunk that ends the prompt is priced with its first token's row.
+    end = replace(four, foreground_prompt_left=capped)
+    assert cost.predict(4, capped, 1, 0, n_sampled=5) > itl
+    assert first_token_floor(cost, end, None, itl) == capped - 1
+    # Five decodes fill the target: one piece an iteration while one of them is certain to
+    # end within twice the prompt's allowance (3x its 0.6 s alone), else the rate.
+    five = replace(four, n_decode=5, n_decode_foreground=5, foreground_decode_ends=20)
+    assert first_token_floor(cost, five, None, itl) == 1
+    for ends in (40, None):  # 40 x 102 ms > 3.6 s; unknown
+        slow = replace(five, foreground_decode_ends=ends)
+        assert first_token_floor(cost, slow, None, itl) == first_token_floor(cost, slow, None)
+    # An absolute target is the caller's: not capped.
+    fresh = replace(four, foreground_waited_s=0.0)  # 0.6 s alone, 0.2 s of slack: 2 iterations
+    assert first_token_floor(cost, fresh, 0.8, itl) == first_token_floor(cost, fresh, 0.8) == 150

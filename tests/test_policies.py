@@ -13,7 +13,7 @@ from edgeprefill.runtime.core.contract import Capacity
 from edgeprefill.runtime.core.costmodel import CostModel
 from edgeprefill.runtime.core.engine import Engine
 from edgeprefill.runtime.core.errors import UserError
-from edgeprefill.runtime.core.plan import IterationTiming, SchedState
+from edgeprefill.runtime.core.plan import IterationTiming, SchedState, riders
 from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.request import Request
 from edgeprefill.runtime.policies import parse_policy
@@ -310,6 +310,35 @@ def test_cadence_defers_document_decodes_and_prompt_work_when_the_chat_target_is
     over = SchedState(1, 0, 6, 6, 512, decode_ctx=3000, decode_ctx_foreground=3000)
     budgets = [p.decide(over).budget for _ in range(MAX_STARVED + 2)]
     assert budgets[:MAX_STARVED] == [0] * MAX_STARVED and budgets[MAX_STARVED] == 8
+
+
+def test_background_decodes_the_planner_forces_in_ride_only_as_many_as_fit_in_turn():
+    p = CadencePolicy(itl_ms=150, min_tokens=8, share=1)
+    cost = CostModel(0.010, 0.030, 0.003, 0.001)
+    p.calibrate(profile(cost))
+    # Two chats decoding (105 ms with a chunk) and three summaries: after MAX_DEFERRED
+    # iterations without them they must go, but not all three beside the chats.
+    forced = SchedState(
+        2, 0, 5, 2, 512, decode_ctx=2500, decode_ctx_foreground=1000, may_defer=False
+    )
+    decision = p.decide(forced)
+    assert not decision.defer_background_decodes
+    k = decision.background_decodes
+    assert k == 1  # one more row fits the target, two do not
+    assert cost.predict(3, 8, 1, 1500) <= 0.150 < cost.predict(4, 8, 1, 2000)
+    # Room for all of them, or no chat decoding: every one rides.
+    assert p.decide(replace(forced, n_decode=3)).background_decodes is None
+    assert p.decide(replace(forced, n_decode_foreground=0)).background_decodes is None
+    # Which ones: the fewest output tokens first, so they take turns.
+    docs = [("a", 5), ("b", 3), ("c", 4)]
+    rode = []
+    for _ in range(3):
+        (name, n), *_ = riders(docs, replace(decision, background_decodes=1), lambda d: d[1])
+        rode.append(name)
+        docs = [(d, m + 1 if d == name else m) for d, m in docs]
+    assert rode == ["b", "b", "c"]  # ties in their order
+    assert riders(docs, replace(decision, background_decodes=None), lambda d: d[1]) == docs
+    assert riders(docs, replace(decision, defer_background_decodes=True), lambda d: d[1]) == []
 
 
 def test_cadence_gives_documents_their_share_of_a_chats_iterations_in_full_chunks():

@@ -1,0 +1,73 @@
+"""The real model at --threads 1, this CPU's stand-in for a laptop half as fast: a burst of
+chats beside a document. Every chat gets its first token, and once one of them is late (it
+has waited (slowdown - 1)/slowdown of its prompt alone) no iteration passes without the
+chats' prompts progressing, whatever the other chats' decodes cost. Checked from the run's
+own result files, not from the policy's state."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+CLI = [sys.executable, "-m", "edgeprefill.runtime.cli.main"]
+
+WORKLOAD = {
+    "name": "slow_device_burst",
+    "seed": 0,
+    "streams": {
+        "chat": {
+            "class": "foreground",
+            "arrivals": {"process": "burst", "count": 5, "start_s": 1.0, "interval_s": 0.3},
+            "prompt": {"source": "text", "tokens": {"min": 120, "max": 220}},
+            "output_tokens": {"min": 16, "max": 24},
+            "ignore_eos": True,
+        },
+        "document": {
+            "class": "background",
+            "arrivals": {"process": "burst", "count": 1, "start_s": 0.0},
+            "prompt": {"source": "text", "tokens": {"min": 1500, "max": 1500}},
+            "output_tokens": {"min": 8, "max": 8},
+            "ignore_eos": True,
+        },
+    },
+}
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_at_one_thread_a_late_chat_prompt_progresses_in_every_iteration(tmp_path):
+    workload = tmp_path / "burst.yaml"
+    workload.write_text(yaml.safe_dump(WORKLOAD))
+    out = tmp_path / "run"
+    cmd = [*CLI, "run", str(workload), "--backend", "llamacpp", "--threads", "1"]
+    res = subprocess.run(
+        [*cmd, "--out", str(out), "--no-progress"], capture_output=True, text=True, timeout=600
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    chats = [r for r in _lines(out / "requests.jsonl") if r["class"] == "foreground"]
+    assert len(chats) == 5 and all(r["token_times_s"] and r["error"] is None for r in chats)
+    iterations = _lines(out / "iterations.jsonl")
+    late_iterations = 0
+    for it in iterations:
+        start = it["t_start_s"]
+        end = start + it["duration_s"]
+        # A chat is waiting through this iteration when it arrived before it started and
+        # its first token came at its end or later; late once it has waited its share.
+        late = [
+            r["id"]
+            for r in chats
+            if r["arrival_s"] <= start
+            and r["token_times_s"][0] >= end - 1e-6
+            and start - r["arrival_s"] >= r["ttft_alone_s"] * (1 - 1 / r["ttft_slowdown"])
+        ]
+        if late:
+            late_iterations += 1
+            chat_tokens = sum(n for rid, n in it["prefill"].items() if rid.startswith("chat"))
+            assert chat_tokens > 0, (start, late, it["decision"])
+    assert late_iterations > 0  # the burst really made chats wait beside the others
