@@ -111,7 +111,7 @@ class CadencePolicy(BudgetPolicy):
         floor = None
         if state.foreground_prompt_left:
             ttft = state.foreground_ttft_target_s if self.ttft_ms is None else self.ttft_ms / 1000
-            floor = first_token_floor(self._model, seen, ttft, self._itl_s)
+            floor = first_token_floor(self._model, seen, ttft, self._prompt_target(margins))
         return Decision(budget, floor, defer, riders, reason=reason)
 
     def _defers(self, state: SchedState, target: float, credit: ShareCredit) -> bool:
@@ -149,6 +149,12 @@ class CadencePolicy(BudgetPolicy):
         )
         return next(fits, 1)
 
+    def _prompt_target(self, margins: TailMargins) -> float:
+        """The target an iteration with a chat's prompt chunk is sized to: less the tail of
+        the chats' own errors (a shallow chunk is cheap to predict), else of all."""
+        margin = margins.margin_s if margins.prompt_margin_s is None else margins.prompt_margin_s
+        return self._itl_s - margin - margins.host_s
+
     def _budget(
         self, state: SchedState, target: float, margins: TailMargins, credit: ShareCredit
     ) -> tuple[int | None, str]:
@@ -158,8 +164,8 @@ class CadencePolicy(BudgetPolicy):
         if not state.foreground_prompt_left and credit.spent(state.n_decode_foreground):
             self._last_budget = 0
             return 0, "the background's share of the foreground's time is spent"
-        if state.foreground_prompt_left and margins.prompt_margin_s is not None:
-            target = self._itl_s - margins.prompt_margin_s - margins.host_s
+        if state.foreground_prompt_left:
+            target = self._prompt_target(margins)
         model = self._model
         c = model.max_prefill(target, state.n_decode, state.decode_ctx, state.next_prefill_pos)
         if 0 < state.next_prefill_left <= c:
