@@ -29,11 +29,11 @@ def first_token_floor(
       (slowdown - 1)/slowdown of what is left of it alone (a 7k-token question is mostly
       read under the ITL target); from then on chunks cost at least 1/(slowdown - 1) of the
       rest of their iteration, so beside a few decodes it finishes within about
-      slowdown + 1 times its time alone. But never past `itl_s` (the other chats' ITL
-      target itself, not less the budget's margins), and at least one token; where the
-      decodes alone fill the target, one piece an iteration while one of them is certain to
-      end soon (`SLOT_WAIT`), else the rate whatever it costs them (no starving beside long
-      answers).
+      slowdown + 1 times its time alone. But never past `itl_s` (the target a chat's chunk
+      is sized to: the ITL target less the tail of the chats' own prediction errors), and at
+      least one token; where the decodes alone fill the target, one piece an iteration while
+      one of them is certain to end soon (`SLOT_WAIT`), else the rate whatever it costs
+      them (no starving beside long answers).
     - In time for an absolute target, while it can be met: the fewest tokens per iteration
       whose remaining iterations, each the decodes' cost plus the chunk's, fit the time left
       (all of it when only one iteration fits). A caller who set one asked for it whatever
@@ -47,7 +47,11 @@ def first_token_floor(
     bursty workload at one thread each chat that came in a burst went in at that rate, became
     one more decode (~20 ms a row there) and made the next one later still, up to 8 chats
     decoding at 250 ms a token (P99 ITL 205 ms against DLFP's 115). Capped, a chat waits
-    beside decodes that fill the target until one of them ends."""
+    beside decodes that fill the target until one of them ends. Capped at the ITL target
+    itself rather than less the errors, the chunks beside two or three decodes took 120-137
+    ms where 100 were predicted (small batches cost far more per token than the model's
+    line at one thread): P99 ITL 134/120/129 ms against 111/114 less the errors (history
+    section I)."""
     left = state.foreground_prompt_left
     base = model.predict(state.n_decode, 0, 1, state.decode_ctx)  # + the last row: small
     if base <= 0 or left <= 0:  # a model fitted with no cost per iteration: nothing to spread
