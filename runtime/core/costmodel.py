@@ -79,6 +79,12 @@ class CostModel:
             return int(room / b) if b > 0 else 1 << 30
         return int((-b + math.sqrt(b * b + 4 * a * room)) / (2 * a))
 
+    def prompt_end_s(self, n_decode: int, decode_ctx: int, left: int, start_pos: int) -> float:
+        """An iteration whose chunk ends a prompt: its `left` tokens from `start_pos` beside
+        `n_decode` decodes, and the row that samples the prompt's first output token."""
+        ctx = decode_ctx + left * start_pos + left * (left + 1) // 2
+        return self.predict(n_decode, left, 1, ctx, n_sampled=n_decode + 1)
+
     def prompt_alone_s(self, n_tokens: int, n_batch: int, start_pos: int = 0) -> float:
         """A prompt's time computed alone from `start_pos`: chunks of `n_batch`, each a
         pass over the weights, the last one sampling the first output token. What a chat's

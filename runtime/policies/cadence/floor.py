@@ -91,8 +91,6 @@ def _within(model: CostModel, state: SchedState, itl_s: float) -> int:
     token's row included when the chunk ends it; at least one token."""
     left, pos = state.foreground_prompt_left, state.foreground_prompt_pos
     c = model.max_prefill(itl_s, state.n_decode, state.decode_ctx, pos)
-    if c >= left:
-        ctx = state.decode_ctx + left * pos + left * (left + 1) // 2
-        if model.predict(state.n_decode, left, 1, ctx, n_sampled=state.n_decode + 1) > itl_s:
-            c = left - 1
+    if c >= left and model.prompt_end_s(state.n_decode, state.decode_ctx, left, pos) > itl_s:
+        c = left - 1
     return max(min(c, left), 1)

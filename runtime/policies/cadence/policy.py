@@ -187,8 +187,7 @@ class CadencePolicy(BudgetPolicy):
         Nothing is added after a foreground prompt: its first token would wait for it (seen: a
         chat's last prompt token beside 41 document tokens, 98 ms instead of ~35)."""
         left, pos = state.next_prefill_left, state.next_prefill_pos
-        ctx = state.decode_ctx + left * pos + left * (left + 1) // 2
-        t = model.predict(state.n_decode, left, 1, ctx, n_sampled=state.n_decode + 1)
+        t = model.prompt_end_s(state.n_decode, state.decode_ctx, left, pos)
         if t > target:
             return left - 1  # the scheduler keeps the remainder a valid chunk
         if state.foreground_prompt_left:
