@@ -276,10 +276,11 @@ def test_a_documents_only_step_is_sized_for_the_wait_of_a_chat_arriving_during_i
 ):
     """vLLM cannot stop a step: with documents alone, each step holds the prompt tokens
     predicted to end within the wait a chat's allowance leaves (here at least 0 s rather
-    than 0.25 s, so that the tiny model's steps are sized too), and the chat that arrives
-    goes in the next step."""
+    than 0.25 s, and half a chat's prompt alone rather than twice, so that the tiny model's
+    steps are sized below n_batch however fast this CPU is), and the chat that arrives goes
+    in the next step."""
     tok = vllm_backend.tokenizer
-    limit = StepLimit(vllm_profile, min_wait_s=0.0)
+    limit = StepLimit(vllm_profile, slowdown=1.5, min_wait_s=0.0)
     engine = vllm_backend.engine(parse_policy("unlimited"), profile=vllm_profile, step_limit=limit)
     docs = add_documents(engine, tok)
     first = [it for _ in range(2) for it in engine.advance().iterations]
@@ -295,7 +296,7 @@ def test_a_documents_only_step_is_sized_for_the_wait_of_a_chat_arriving_during_i
     # The largest step the limit allows: at the start of a prompt, nothing decoding, and
     # before any chat was seen (priced at a longer prompt than this chat's).
     widest = SchedState(1, 0, 0, 0, 1024, next_prefill_left=1000)
-    cap = StepLimit(vllm_profile, min_wait_s=0.0).cap(widest)
+    cap = StepLimit(vllm_profile, slowdown=1.5, min_wait_s=0.0).cap(widest)
     assert cap is not None and cap < 1024  # without the limit, documents went 1,024 a step
     longest = max(documents_only, key=lambda s: s.plan.n_prefill)
     assert longest.plan.n_prefill <= cap
