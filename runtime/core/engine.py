@@ -192,13 +192,17 @@ class Engine:
         """An iteration aborted for a foreground arrival: what finished, as if the plan had
         been that much (so tokens reconcile), and the preemption's record."""
         self._abort.clear()
-        seq_to_id = {r.seq_id: r.id for r in self.scheduler.running}
-        kept = {seq_to_id[w.seq_id]: kept_by_seq.get(w.seq_id, 0) for w in work}
+        # A backend lists the prompt chunks it stopped in or never started; work it does
+        # not list ran whole (decodes, and a prompt's one-token last piece, which is shaped
+        # as a decode and computed with them).
+        kept_by_seq = {w.seq_id: kept_by_seq.get(w.seq_id, len(w.tokens)) for w in work}
+        id_to_seq = {r.id: r.seq_id for r in self.scheduler.running}
+        kept = {rid: kept_by_seq[id_to_seq[rid]] for rid in plan.prefill}
         done = replace(plan, prefill={rid: n for rid, n in kept.items() if n > 0})
         work = [
-            w if w.is_decode else replace(w, tokens=w.tokens[: kept_by_seq.get(w.seq_id, 0)])
+            replace(w, tokens=w.tokens[: kept_by_seq[w.seq_id]])
             for w in work
-            if w.is_decode or kept_by_seq.get(w.seq_id)
+            if kept_by_seq[w.seq_id] > 0
         ]
         record = {
             "kept": done.n_prefill,

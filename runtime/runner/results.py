@@ -116,7 +116,9 @@ class RunWriter(Closeable):
         """Background iterations stopped for a foreground arrival: how many, prompt tokens
         kept and lost (planned but not kept: the stopped micro-batch's, partly computed,
         and any not started), and how long from the arrival to the abort landing."""
-        latencies = [p["abort_latency_s"] for p in self.preemptions if p["abort_latency_s"]]
+        latencies = [
+            p["abort_latency_s"] for p in self.preemptions if p["abort_latency_s"] is not None
+        ]
         return {
             "count": len(self.preemptions),
             "prompt_tokens_kept": sum(p["kept"] for p in self.preemptions),
