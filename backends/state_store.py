@@ -35,6 +35,7 @@ import numpy as np
 import psutil
 from filelock import FileLock
 
+from edgeprefill.backends.spare_memory import lowest_thread_priority
 from edgeprefill.runtime.core.resource import Closeable
 
 log = logging.getLogger(__name__)
@@ -255,6 +256,10 @@ class StateStore(Closeable):
         return MAGIC + struct.pack("<I", len(raw)) + raw
 
     def _write_loop(self) -> None:
+        # Its hash and copy of tens of MB otherwise took a core from llama.cpp's threads:
+        # iterations in the half second after a save ran at up to 2.7x their predicted time
+        # (benchmarks/history.md, section J). The disk copy backs up one in memory: it can wait.
+        lowest_thread_priority()
         while True:
             key = self._writes.get()
             try:

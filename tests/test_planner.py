@@ -15,7 +15,7 @@ class AlwaysDefer(BudgetPolicy):
     name = "always-defer"
 
     def decide(self, state):
-        return Decision(0, defer_background_decodes=True, reason="test")
+        return Decision(0, background_decodes=0, reason="test")
 
 
 CHAT = Candidate("foreground", 300, 0, 0.0)  # decoding
@@ -25,24 +25,24 @@ DOC = Candidate("background", 3000, 0, 0.0)  # decoding
 def test_background_decodes_are_never_deferred_more_than_max_deferred_in_a_row():
     planner = Planner(AlwaysDefer())
     decisions = [planner.decide([CHAT, DOC], 512, 0.0) for _ in range(MAX_DEFERRED + 2)]
-    deferred = [d.defer_background_decodes for d in decisions]
+    deferred = [d.defers_background_decodes for d in decisions]
     assert deferred == [True] * MAX_DEFERRED + [False, True]
     # Nothing to defer: not a deferral, and it does not count towards the bound.
-    assert not planner.decide([CHAT], 512, 0.0).defer_background_decodes
+    assert not planner.decide([CHAT], 512, 0.0).defers_background_decodes
 
 
 def test_a_chats_prompt_defers_documents_decodes_for_a_capping_policy_only():
     waiting_chat = Candidate("foreground", 0, 200, 1.0, ttft_target_s=1.0, admitted=False)
     for spec, defers in (("static:64", True), ("ppas:bcap=32", True), ("unlimited", False)):
         decision = Planner(parse_policy(spec)).decide([DOC, waiting_chat], 512, 1.5)
-        assert decision.defer_background_decodes == defers, spec
+        assert decision.defers_background_decodes == defers, spec
         assert decision.foreground_alone == (spec != "unlimited")
     # A chat that cannot be admitted yet is no reason to hold anything back.
     full = replace(waiting_chat, admissible=False)
     assert (
         not Planner(parse_policy("static:64"))
         .decide([DOC, full], 512, 1.5)
-        .defer_background_decodes
+        .defers_background_decodes
     )
 
 
@@ -73,6 +73,6 @@ def test_background_decodes_wait_only_for_the_foregrounds_sake():
     """With no foreground decode or prompt in the iteration, deferring the background's
     decodes would leave it empty: the planner refuses, whatever the policy asks."""
     planner = Planner(AlwaysDefer())
-    assert not planner.decide([DOC], 512, 0.0).defer_background_decodes
+    assert not planner.decide([DOC], 512, 0.0).defers_background_decodes
     waiting_chat = Candidate("foreground", 0, 200, 0.0, admitted=False)
-    assert planner.decide([DOC, waiting_chat], 512, 0.0).defer_background_decodes
+    assert planner.decide([DOC, waiting_chat], 512, 0.0).defers_background_decodes

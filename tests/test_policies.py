@@ -300,11 +300,11 @@ def test_cadence_defers_document_decodes_and_prompt_work_when_the_chat_target_is
     # Two chats and two summaries decoding: 166 ms predicted with them, 81 without.
     busy = SchedState(2, 0, 4, 2, 512, decode_ctx=2000, decode_ctx_foreground=1000)
     decision = p.decide(busy)
-    assert decision.defer_background_decodes
+    assert decision.defers_background_decodes
     assert decision.budget > 0  # the chats alone leave room
     calm = SchedState(2, 0, 2, 1, 512, decode_ctx=1000, decode_ctx_foreground=500)
-    assert not p.decide(calm).defer_background_decodes
-    assert not p.decide(replace(busy, n_decode_foreground=0)).defer_background_decodes
+    assert not p.decide(calm).defers_background_decodes
+    assert not p.decide(replace(busy, n_decode_foreground=0)).defers_background_decodes
     # Even the chats' decodes alone over the target: no prompt work, for at most
     # MAX_STARVED iterations in a row, then the floor so documents still progress.
     over = SchedState(1, 0, 6, 6, 512, decode_ctx=3000, decode_ctx_foreground=3000)
@@ -322,7 +322,7 @@ def test_background_decodes_the_planner_forces_in_ride_only_as_many_as_fit_in_tu
         2, 0, 5, 2, 512, decode_ctx=2500, decode_ctx_foreground=1000, may_defer=False
     )
     decision = p.decide(forced)
-    assert not decision.defer_background_decodes
+    assert not decision.defers_background_decodes
     k = decision.background_decodes
     assert k == 1  # one more row fits the target, two do not
     assert cost.predict(3, 8, 1, 1500) <= 0.150 < cost.predict(4, 8, 1, 2000)
@@ -338,7 +338,7 @@ def test_background_decodes_the_planner_forces_in_ride_only_as_many_as_fit_in_tu
         docs = [(d, m + 1 if d == name else m) for d, m in docs]
     assert rode == ["b", "b", "c"]  # ties in their order
     assert riders(docs, replace(decision, background_decodes=None), lambda d: d[1]) == docs
-    assert riders(docs, replace(decision, defer_background_decodes=True), lambda d: d[1]) == []
+    assert riders(docs, replace(decision, background_decodes=0), lambda d: d[1]) == []
 
 
 def test_cadence_gives_documents_their_share_of_a_chats_iterations_in_full_chunks():

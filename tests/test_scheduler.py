@@ -255,7 +255,7 @@ def test_background_decodes_are_left_out_when_the_decision_defers_them():
     sched.add(make_request("chat", "foreground", max_tokens=50))
     sched.add(make_request("doc", "background", max_tokens=50))
     run_plan(sched, 100)  # both prompts: both decode from now on
-    plan = helpers.plan(sched, 0, defer_background_decodes=True)
+    plan = helpers.plan(sched, 0, background_decodes=0)
     assert plan.decode == ("chat",) and plan.deferred == ("doc",)
     plan = helpers.plan(sched, 0)
     assert set(plan.decode) == {"chat", "doc"} and plan.deferred == ()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,18 @@ def test_saved_states_outlive_the_process_on_disk(tmp_path):
         hit = again.lookup(DOC + [1])
         assert hit is not None and hit.source == "disk" and hit.n_tokens == len(DOC)
         assert np.array_equal(hit.payload, payload(2 * MIB))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priority is Linux's")
+def test_the_disk_writer_runs_at_the_lowest_priority_and_the_engine_thread_does_not(tmp_path):
+    """Its hash and copy of tens of MB must not take a core from llama.cpp's threads."""
+    with store(tmp_path) as s:
+        s.put(DOC, payload(MIB))
+        s.flush()
+        writer = s._writer
+        assert writer is not None and writer.native_id is not None
+        assert os.getpriority(os.PRIO_PROCESS, writer.native_id) == 19
+        assert os.getpriority(os.PRIO_PROCESS, 0) < 19  # the process itself is untouched
 
 
 def damage(path: Path, how: str) -> None:

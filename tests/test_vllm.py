@@ -308,7 +308,7 @@ class AlwaysDefer(Recording):
     name = "always-defer"
 
     def decide(self, state):
-        return replace(super().decide(state), defer_background_decodes=True)
+        return replace(super().decide(state), background_decodes=0)
 
 
 def test_background_decodes_deferred_inside_vllm_never_longer_than_allowed(vllm_backend):

@@ -18,6 +18,7 @@ import llama_cpp as lc
 import numpy as np
 
 from edgeprefill.backends.llamacpp.native import LlamaContext
+from edgeprefill.backends.spare_memory import SpareMemory
 from edgeprefill.backends.state_store import StateStore
 
 log = logging.getLogger(__name__)
@@ -32,11 +33,12 @@ class LlamaPrefixCache:
         self.ctx = ctx
         self.store = store
         self.save_s: list[float] = []  # engine-thread time of each save (the copy)
+        self._memory = SpareMemory()  # the copies go to pages already mapped
 
     def save(self, seq_id: int, tokens: Sequence[int]) -> None:
         t0 = time.perf_counter()
         size = lc.llama_state_seq_get_size(self.ctx.ptr, seq_id)
-        buf = np.empty(size, dtype=np.uint8)
+        buf = self._memory.take(size)
         n = lc.llama_state_seq_get_data(self.ctx.ptr, _ptr(buf), size, seq_id)
         if n == 0:
             log.warning("KV cache: llama.cpp could not copy sequence %d's state", seq_id)
@@ -73,3 +75,4 @@ class LlamaPrefixCache:
 
     def close(self) -> None:
         self.store.close()
+        self._memory.close()

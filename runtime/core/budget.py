@@ -45,7 +45,7 @@ class BudgetPolicy(ABC):
         budget = self.budget(seen)
         return Decision(
             budget,
-            defer_background_decodes=defer,
+            background_decodes=0 if defer else None,
             foreground_alone=self.caps,
             reason=self.reason(seen, budget),
         )

@@ -94,15 +94,18 @@ class Decision:
     # The least prompt tokens the first waiting foreground prompt gets, whatever the budget,
     # so it meets its TTFT target (None: the budget alone).
     floor: int | None = None
-    defer_background_decodes: bool = False  # leave the background's decodes out
-    # Where they are not left out: the most of them that ride, those with the fewest output
-    # tokens first (None: all).
+    # How many of the background's decodes ride, those with the fewest output tokens first
+    # (None: all; 0: they wait).
     background_decodes: int | None = None
     background_cap: int | None = None  # a further cap on background prompt tokens (thermal)
     # With no budget, a foreground prompt goes alone (its first token waits for every token
     # beside it). False only for a policy that leaves batching to the backend (`unlimited`).
     foreground_alone: bool = True
     reason: str = ""  # why, in a few words, for a reader of iterations.jsonl
+
+    @property
+    def defers_background_decodes(self) -> bool:
+        return self.background_decodes == 0
 
     def record(self) -> dict[str, Any]:
         # Every field, in order: dataclasses.asdict costs ~30 us, and this runs every
@@ -113,9 +116,7 @@ class Decision:
         parts = [f"budget={'none' if self.budget is None else self.budget}"]
         if self.floor is not None:
             parts.append(f"floor={self.floor}")
-        if self.defer_background_decodes:
-            parts.append("defer background decodes")
-        elif self.background_decodes is not None:
+        if self.background_decodes is not None:
             parts.append(f"background_decodes={self.background_decodes}")
         if self.background_cap is not None:
             parts.append(f"background_cap={self.background_cap}")
@@ -162,10 +163,8 @@ class Plan:
 
 def riders(background: Sequence[T], decision: Decision, outputs: Callable[[T], int]) -> list[T]:
     """The background decodes that ride in an iteration under `decision`: none when it
-    defers them, else at most `background_decodes` of them, the fewest output tokens first
+    are left out, else at most `background_decodes` of them, the fewest output tokens first
     (so those left out one iteration go first the next: a round robin), in their order."""
-    if decision.defer_background_decodes:
-        return []
     n = decision.background_decodes
     if n is None or n >= len(background):
         return list(background)

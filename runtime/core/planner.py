@@ -45,9 +45,9 @@ class Planner:
         """Called once before each iteration is planned."""
         state = self.state(candidates, n_batch, now_s)
         decision = self.policy.decide(state)
-        if decision.defer_background_decodes and not self._may_defer(state):
-            decision = replace(decision, defer_background_decodes=False)
-        self._deferred_run = self._deferred_run + 1 if decision.defer_background_decodes else 0
+        if decision.defers_background_decodes and not self._may_defer(state):
+            decision = replace(decision, background_decodes=None)
+        self._deferred_run = self._deferred_run + 1 if decision.defers_background_decodes else 0
         if self.guard is not None:
             self.guard.update()
             cap = self.guard.background_cap(decision.budget, n_batch)
