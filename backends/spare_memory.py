@@ -55,7 +55,7 @@ class SpareMemory:
             return np.empty(nbytes, dtype=np.uint8)
         mem, arr = spare
         used = -(-nbytes // PAGE) * PAGE
-        if used < arr.size:
+        if used < arr.size and hasattr(mem, "madvise"):  # (Windows' mmap has none)
             mem.madvise(mmap.MADV_DONTNEED, used, arr.size - used)
         return arr[:nbytes]
 
