@@ -66,6 +66,7 @@ ALLOWED = {
         "runtime.runner.drivers",
         "runtime.runner.results",
         "runtime.runner.calibration",
+        "runtime.runner.signals",
         "runtime.api",
     ],
     # The server samples the sensors as `run` does, for energy per token.

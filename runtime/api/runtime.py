@@ -19,8 +19,7 @@ import logging
 import queue
 import signal
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,6 +40,7 @@ from edgeprefill.runtime.policies import DEFAULT_POLICY, parse_policy
 from edgeprefill.runtime.runner.calibration import probe_device
 from edgeprefill.runtime.runner.drivers import open_driver
 from edgeprefill.runtime.runner.results import RunWriter
+from edgeprefill.runtime.runner.signals import on_stop_signals
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +231,7 @@ class Runtime:
         # Waits on an event, not Thread.join: a join interrupted by a signal marks the
         # thread stopped while it still runs (CPython's bpo-45274 handling).
         signum = None
-        with _signals_raise():
+        with on_stop_signals(_raise_signalled):
             try:
                 self._stopped.wait(timeout)
             except _Signalled as s:
@@ -375,20 +375,5 @@ class _Signalled(Exception):
         self.signum = signum
 
 
-@contextmanager
-def _signals_raise() -> Iterator[None]:
-    """While the block runs on the main thread, SIGINT and SIGTERM raise `_Signalled`
-    (elsewhere Python delivers no signals, and nothing changes)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        raise _Signalled(signum)
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+def _raise_signalled(signum: int) -> None:
+    raise _Signalled(signum)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import bisect
 import signal
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from edgeprefill.runtime.core.iteration import Iteration
 from edgeprefill.runtime.core.request import Request
 from edgeprefill.runtime.runner.alarm import ArrivalAlarm
 from edgeprefill.runtime.runner.results import RunWriter
+from edgeprefill.runtime.runner.signals import on_stop_signals
 
 IDLE_POLL_S = 0.05
 
@@ -41,22 +41,17 @@ class _StopFlag:
 
 @contextmanager
 def _graceful_interrupt() -> Iterator[_StopFlag]:
+    """The first signal asks for a stop at the next iteration boundary; a second one
+    stops at once."""
     flag = _StopFlag()
-    if threading.current_thread() is not threading.main_thread():
-        yield flag
-        return
 
-    def handler(signum: int, frame: object) -> None:
+    def note(signum: int) -> None:
         if flag.requested:
             raise KeyboardInterrupt
         flag.requested, flag.signum = True, signum
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with on_stop_signals(note):
         yield flag
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
 
 
 def _arrival_alarm(clock: Any, fire: Callable[[], None]) -> Any:
