@@ -51,6 +51,21 @@ def test_the_online_fit_is_the_batch_fit_of_the_anchor_and_the_window():
             assert fit.model.coef == pytest.approx(batch(last).coef, rel=1e-9)
 
 
+def test_a_cost_the_window_would_make_negative_is_fitted_as_zero_like_the_batch_fit():
+    """Iterations that get faster with attention work (a device speeding up as documents
+    deepen): the unconstrained solution has a negative cost, and the constrained one is
+    what NNLS on the rows gives."""
+    rng = np.random.default_rng(1)
+    seen = [iteration(rng) for _ in range(64)]
+    seen = [replace(t, duration_s=t.duration_s - 2e-7 * t.ctx_work) for t in seen]
+    fit = OnlineFit(CostModel(0.01, 0.01, 0.01, 0.01), [], window=64)
+    for t in seen[:-1]:
+        fit.add(t)
+    assert fit.add(seen[-1], refit=True)
+    assert fit.model.per_kctx_s == 0.0
+    assert fit.model.coef == pytest.approx(CostModel.fit(seen).coef, rel=1e-6, abs=1e-12)
+
+
 def test_the_online_fit_waits_for_eight_iterations_and_survives_a_degenerate_window():
     start = CostModel(0.01, 0.01, 0.01, 0.01)
     fit = OnlineFit(start, [], window=16)

@@ -22,7 +22,7 @@ from scipy import integrate
 STEADY_TRIM = 0.10
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: one is built every iteration (see core/plan.py)
 class IterationSpan:
     """An iteration's interval and the tokens each class had computed in it."""
 

@@ -43,7 +43,7 @@ class Capacity:
             raise ValueError(f"capacity values must be positive: {self}")
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: one is built every iteration (see core/plan.py)
 class SeqWork:
     """One sequence's slice of an iteration's batch."""
 
@@ -64,14 +64,26 @@ class SeqWork:
 
 
 def timing_of(work: list[SeqWork], duration_s: float, **extra: Any) -> IterationTiming:
-    """A completed iteration's timing, its composition counted from the batch it ran."""
+    """A completed iteration's timing, its composition counted from the batch it ran (one
+    pass over the work: this runs between two device calls, where a chat's token waits)."""
+    n_decode = n_prefill = n_chunks = ctx_work = n_sampled = 0
+    for w in work:
+        n = len(w.tokens)
+        ctx_work += n * w.pos + n * (n + 1) // 2
+        if w.sample is not None:
+            n_sampled += 1
+            if n == 1:
+                n_decode += 1
+                continue
+        n_prefill += n
+        n_chunks += 1
     return IterationTiming(
         duration_s=duration_s,
-        n_decode=sum(w.is_decode for w in work),
-        n_prefill=sum(len(w.tokens) for w in work if not w.is_decode),
-        n_chunks=sum(not w.is_decode for w in work),
-        ctx_work=sum(w.ctx_work for w in work),
-        n_sampled=sum(w.sample is not None for w in work),
+        n_decode=n_decode,
+        n_prefill=n_prefill,
+        n_chunks=n_chunks,
+        ctx_work=ctx_work,
+        n_sampled=n_sampled,
         **extra,
     )
 
@@ -114,7 +126,7 @@ def plain_transcript(messages: list[dict[str, str]]) -> str:
     return "".join(parts) + "Assistant:"
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: one is built every iteration (see core/plan.py)
 class StepResult:
     duration_s: float  # the completed forward pass, measured where the work finishes
     sampled: dict[int, int]  # sequence id -> sampled token, for work that asked for one

@@ -23,7 +23,7 @@ from edgeprefill.runtime.core.scheduler import BackgroundLimits, Scheduler
 from edgeprefill.runtime.core.targets import FirstTokenTargets
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: one is built every iteration (see core/plan.py)
 class Executed:
     """What the backend did with a plan: all of it, the part a preemption kept, or
     nothing (an error)."""
@@ -157,8 +157,8 @@ class Engine:
         prompt work; documents' decodes in it finish first (the backend computes them
         before any prompt chunk). Chats' work is never stopped: neither their prompts nor
         iterations that carry their tokens."""
-        cls = {r.id: r.cls for r in self.scheduler.running}
-        chats = any(cls[rid] == "foreground" for rid in plan.num_scheduled_tokens)
+        running = self.scheduler.by_id
+        chats = any(running[rid].cls == "foreground" for rid in (*plan.decode, *plan.prefill))
         abortable = self.backend.supports_abort and plan.n_prefill > 0 and not chats
         work = self.scheduler.work(plan)
         started = self.clock.now()
@@ -175,11 +175,11 @@ class Engine:
             plan, work, preempted = self._kept(plan, work, result.kept, landed)
         by_class = {"foreground": 0, "background": 0}
         for rid, n in plan.prefill.items():
-            by_class[cls[rid]] += n
+            by_class[running[rid].cls] += n
         timing = timing_of(
             work,
             result.duration_s,
-            n_decode_foreground=sum(cls[rid] == "foreground" for rid in plan.decode),
+            n_decode_foreground=sum(running[rid].cls == "foreground" for rid in plan.decode),
             budget=plan.budget,
             host_s=host_s,
             n_prefill_foreground=by_class["foreground"],

@@ -9,7 +9,7 @@ from edgeprefill.runtime.core.plan import IterationTiming, Plan
 from edgeprefill.runtime.core.request import Request
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: one is built every iteration (see core/plan.py)
 class Iteration:
     """One line of iterations.jsonl."""
 
@@ -57,7 +57,7 @@ class Iteration:
         }
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: one is built every iteration (see core/plan.py)
 class Advance:
     """What one call to a driver's `advance` produced: the iterations whose timing is
     complete (on vLLM with CUDA events a step's timing can arrive a step later than its

@@ -3,18 +3,26 @@
 `SchedState` and `IterationTiming` are all a budget policy may see; `Decision` is what it
 answers, once per iteration; `Plan` is what the scheduler made of that decision, printable
 and testable, before any backend runs it.
+
+These, and the other values built once per iteration (`Candidate`, `SeqWork`,
+`StepResult`, the engine's `Executed`, `Iteration`, `IterationSpan`), are plain dataclasses,
+not frozen ones: they are built between two device calls, where a chat's next token waits,
+and a frozen dataclass sets each field through `object.__setattr__`, which took about twice
+as long there (benchmarks/history.md, section M). Nothing changes one after it is built
+(a changed one is a copy).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@dataclass
 class IterationTiming:
     """One completed iteration, timed around the work that actually finished
     (synchronously around `llama_decode` on a CPU), never the scheduler's cadence."""
@@ -41,7 +49,7 @@ class IterationTiming:
         return self.n_decode if self.n_sampled is None else self.n_sampled
 
 
-@dataclass(frozen=True)
+@dataclass
 class SchedState:
     """What the scheduler looks like before an iteration is planned."""
 
@@ -78,14 +86,15 @@ class SchedState:
         `riders` of them, each attending to their mean context) will see it."""
         bg_ctx = self.decode_ctx - self.decode_ctx_foreground
         share = riders / self.n_decode_background if self.n_decode_background else 0.0
-        return replace(
-            self,
-            n_decode=self.n_decode_foreground + riders,
-            decode_ctx=self.decode_ctx_foreground + round(bg_ctx * share),
-        )
+        # A copy with two fields set: `dataclasses.replace` (which rebuilds all 18 through
+        # `__init__`) cost ~6x as much, in most iterations beside a document's decode.
+        state = copy.copy(self)
+        state.n_decode = self.n_decode_foreground + riders
+        state.decode_ctx = self.decode_ctx_foreground + round(bg_ctx * share)
+        return state
 
 
-@dataclass(frozen=True)
+@dataclass
 class Decision:
     """What a policy (and the thermal guard) decided for one iteration: the one value either
     engine's scheduler turns into a plan, written to iterations.jsonl as it is."""
@@ -123,7 +132,7 @@ class Decision:
         return f"Decision({', '.join(parts)}: {self.reason or 'no reason given'})"
 
 
-@dataclass(frozen=True)
+@dataclass
 class Plan:
     """One iteration: every running decode's token, then prompt chunks as `decision` allows.
 

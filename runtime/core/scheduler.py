@@ -84,6 +84,10 @@ class Scheduler:
         self._keeps_prefixes = keeps_prefixes
         self.waiting: dict[RequestClass, deque[Request]] = {c: deque() for c in CLASSES}
         self.running: list[Request] = []  # admission order
+        # The running ones by request id and by sequence, kept with `running` (not rebuilt
+        # every iteration between two device calls).
+        self.by_id: dict[str, Request] = {}
+        self._by_seq: dict[int, Request] = {}
         self._free_seqs = list(range(capacity.n_seq_max))  # a heap: lowest id first
         self.kv_free = capacity.n_ctx
 
@@ -232,11 +236,10 @@ class Scheduler:
 
     def saves_due(self, plan: Plan) -> list[Request]:
         """Requests whose shareable prefix this iteration completed: save them now."""
-        by_id = {r.id: r for r in self.running}
         return [
             r
             for rid in plan.prefill
-            if (r := by_id.get(rid)) is not None and r.num_computed == self.save_point(r)
+            if (r := self.by_id.get(rid)) is not None and r.num_computed == self.save_point(r)
         ]
 
     def _chunk(self, remaining: int, left: int, full: bool, room: int) -> int:
@@ -282,10 +285,11 @@ class Scheduler:
         req.status = Status.PREFILL
         self.kv_free -= req.kv_cells
         self.running.append(req)
+        self.by_id[req.id] = self._by_seq[req.seq_id] = req
 
     def work(self, plan: Plan) -> list[SeqWork]:
         """The plan as batch slices: token ids, positions, and where to sample."""
-        by_id = {r.id: r for r in self.running}
+        by_id = self.by_id
         out: list[SeqWork] = []
         for rid in plan.decode:
             r = by_id[rid]
@@ -301,16 +305,14 @@ class Scheduler:
     def update(self, plan: Plan, sampled: dict[int, int], now_s: float) -> list[Request]:
         """Apply a completed iteration: advance prompts, append sampled tokens (keyed by
         sequence), finish requests that stopped. Returns the requests that finished."""
-        by_id = {r.id: r for r in self.running}
         for rid, n in plan.prefill.items():
-            r = by_id[rid]
+            r = self.by_id[rid]
             r.num_computed += n
             if r.remaining_prompt == 0:
                 r.status = Status.DECODE
-        by_seq = {r.seq_id: r for r in self.running}
         finished: list[Request] = []
         for seq, token in sampled.items():
-            r = by_seq[seq]
+            r = self._by_seq[seq]
             r.output.append(token)
             r.token_times_s.append(now_s)
             if self._is_eog(token) and not r.ignore_eos:
@@ -366,6 +368,7 @@ class Scheduler:
     def _retire(self, req: Request) -> None:
         self.running.remove(req)
         assert req.seq_id is not None
+        del self.by_id[req.id], self._by_seq[req.seq_id]
         self._release(req.seq_id)
         heapq.heappush(self._free_seqs, req.seq_id)
         self.kv_free += req.kv_cells

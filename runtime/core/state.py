@@ -7,14 +7,14 @@ into the one `SchedState`, so a policy decides from the same facts on both.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from edgeprefill.runtime.core.plan import IterationTiming, SchedState
 from edgeprefill.runtime.core.request import CLASSES, RequestClass
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: one is built every iteration (see core/plan.py)
 class Candidate:
     """One request as planning sees it, whichever engine holds it."""
 
@@ -33,17 +33,25 @@ class Candidate:
         return self.admitted and self.prompt_left == 0
 
 
-def prompt_order(candidates: Sequence[Candidate]) -> Iterator[Candidate]:
-    """Who computes prompt work first: foreground before background; within a class,
-    started prompts (in the order given), then waiting ones in order until the first that
-    cannot be admitted (FCFS: a long document is not starved by short ones)."""
+def _prompt_head(candidates: Sequence[Candidate]) -> Candidate | None:
+    """Who computes prompt work first: foreground before background; within a class, the
+    first started prompt (in the order given), else the first waiting one if it can be
+    admitted (FCFS: a long document is not starved by short ones)."""
+    started: dict[str, Candidate] = {}
+    waiting: dict[str, Candidate] = {}
+    for c in candidates:
+        if c.admitted:
+            if c.prompt_left and c.cls not in started:
+                started[c.cls] = c
+        elif c.cls not in waiting:
+            waiting[c.cls] = c
     for cls in CLASSES:
-        yield from (c for c in candidates if c.cls == cls and c.admitted and c.prompt_left)
-        for c in candidates:
-            if c.cls == cls and not c.admitted:
-                if not c.admissible:
-                    break
-                yield c
+        if cls in started:
+            return started[cls]
+        head = waiting.get(cls)
+        if head is not None and head.admissible:
+            return head
+    return None
 
 
 def sched_state(
@@ -53,28 +61,41 @@ def sched_state(
     now_s: float,
     may_defer: bool = True,
 ) -> SchedState:
-    decodes = [c for c in candidates if c.decodes]
-    head = next(prompt_order(candidates), None)
+    """One pass over the candidates (planning runs between two device calls, where a
+    chat's next token waits)."""
+    n_running = n_waiting = n_decode = n_decode_fg = decode_ctx = decode_ctx_fg = 0
+    ends: int | None = None  # the fewest tokens a foreground decode may still generate
+    for c in candidates:
+        if not c.admitted:
+            n_waiting += 1
+        elif c.prompt_left:
+            n_running += 1
+        else:
+            n_decode += 1
+            decode_ctx += c.computed + 1
+            if c.cls == "foreground":
+                n_decode_fg += 1
+                decode_ctx_fg += c.computed + 1
+                if c.output_left is not None and (ends is None or c.output_left < ends):
+                    ends = c.output_left
+    head = _prompt_head(candidates)
     fg = head if head is not None and head.cls == "foreground" else None
     return SchedState(
-        n_prefill_running=sum(c.admitted and c.prompt_left > 0 for c in candidates),
-        n_prefill_waiting=sum(not c.admitted for c in candidates),
-        n_decode=len(decodes),
-        n_decode_foreground=sum(c.cls == "foreground" for c in decodes),
+        n_prefill_running=n_running,
+        n_prefill_waiting=n_waiting,
+        n_decode=n_decode,
+        n_decode_foreground=n_decode_fg,
         n_batch=n_batch,
         last=last,
-        decode_ctx=sum(c.computed + 1 for c in decodes),
+        decode_ctx=decode_ctx,
         next_prefill_pos=head.computed if head is not None else 0,
         next_prefill_left=head.prompt_left if head is not None else 0,
-        decode_ctx_foreground=sum(c.computed + 1 for c in decodes if c.cls == "foreground"),
+        decode_ctx_foreground=decode_ctx_fg,
         foreground_prompt_left=fg.prompt_left if fg is not None else 0,
         foreground_prompt_pos=fg.computed if fg is not None else 0,
         foreground_waited_s=max(now_s - fg.arrival_s, 0.0) if fg is not None else 0.0,
         foreground_ttft_target_s=fg.ttft_target_s if fg is not None else None,
         foreground_ttft_slowdown=fg.ttft_slowdown if fg is not None else None,
-        foreground_decode_ends=min(
-            (c.output_left for c in decodes if c.cls == "foreground" and c.output_left is not None),
-            default=None,
-        ),
+        foreground_decode_ends=ends,
         may_defer=may_defer,
     )

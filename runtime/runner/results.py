@@ -5,7 +5,8 @@ work; summary.json is written last, computed from exactly the request records wr
 always agrees with requests.jsonl. iterations.jsonl is written `ITERATIONS_AT_ONCE` lines at
 a time (and in full on close): one record serialized right after a `llama_decode` has
 streamed the weights through the caches takes ~75 us, one of a batch ~15 us, and that time
-is between two iterations, where a chat's next token waits.
+is between two iterations, where a chat's next token waits. Both are serialized by orjson,
+~3x faster than the standard library's encoder on these records (floats are most of them).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+import orjson
 
 from edgeprefill.runtime.analysis.metrics import class_summary, completed
 from edgeprefill.runtime.core.errors import UserError
@@ -25,14 +27,16 @@ from edgeprefill.runtime.core.resource import Closeable
 from edgeprefill.thermal.energy import IterationSpan
 
 ITERATIONS_AT_ONCE = 64
+# One JSON object per line; NumPy numbers (a policy's state may hold them) as plain numbers.
+_LINE = orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY
 
 
 class RunWriter(Closeable):
     def __init__(self, out_dir: Path) -> None:
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
-            self._requests: IO[str] = (out_dir / "requests.jsonl").open("w", buffering=1)
-            self._iterations: IO[str] = (out_dir / "iterations.jsonl").open("w")
+            self._requests: IO[bytes] = (out_dir / "requests.jsonl").open("wb")
+            self._iterations: IO[bytes] = (out_dir / "iterations.jsonl").open("wb")
         except OSError as e:
             raise UserError(f"cannot write results to {out_dir}: {e.strerror}") from None
         self.out_dir = out_dir
@@ -47,7 +51,8 @@ class RunWriter(Closeable):
     def request(self, req: Request) -> None:
         rec = req.record()
         self.records.append(rec)
-        self._requests.write(json.dumps(rec) + "\n")
+        self._requests.write(orjson.dumps(rec, option=_LINE))
+        self._requests.flush()  # a finished request is on disk before the run goes on
 
     def iteration(self, it: Iteration) -> None:
         """Record an iteration; the requests it finished are recorded with `request`."""
@@ -67,7 +72,7 @@ class RunWriter(Closeable):
 
     def flush(self) -> None:
         """Write the iterations recorded so far."""
-        lines = "".join(json.dumps(it.record()) + "\n" for it in self._unwritten)
+        lines = b"".join(orjson.dumps(it.record(), option=_LINE) for it in self._unwritten)
         self._unwritten.clear()
         self._iterations.write(lines)
         self._iterations.flush()
