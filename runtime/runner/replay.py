@@ -13,7 +13,7 @@ import bisect
 import gc
 import signal
 from collections.abc import Callable, Iterator
-from contextlib import closing, contextmanager, nullcontext
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,8 +62,9 @@ def _static_heap() -> Iterator[None]:
     that still come (a few a second, on what iterations allocate) then scan only the run's
     own objects (before it, one took ~2 ms of the host time between two device calls,
     most of it traversing prompts of thousands of tokens). vLLM freezes its startup heap
-    for the same reason."""
-    gc.collect()
+    for the same reason. No collection first: with a large heap (vLLM and torch imported)
+    one takes seconds, on the run's clock, and requests arriving meanwhile would wait.
+    What is unreachable now is kept until the replay ends."""
     gc.freeze()
     try:
         yield
@@ -71,11 +72,19 @@ def _static_heap() -> Iterator[None]:
         gc.unfreeze()
 
 
-def _arrival_alarm(clock: Any, fire: Callable[[], None]) -> Any:
-    """A simulated clock rings its own alarms (its time passes only when it is moved);
-    a real one needs a thread that waits for the deadline."""
-    virtual = getattr(clock, "alarm", None)
-    return virtual(fire) if virtual is not None else ArrivalAlarm(clock.now, fire)
+@contextmanager
+def _arrival_alarm(engine: Driver) -> Iterator[Any]:
+    """An alarm that stops the iteration in flight at a chat's arrival (None where the
+    engine cannot stop one). A simulated clock rings its own alarms (its time passes only
+    when it is moved); a real one needs a thread that waits for the deadline."""
+    if not engine.can_preempt:
+        yield None
+        return
+    virtual = getattr(engine.clock, "alarm", None)
+    fire = engine.preempt
+    alarm = virtual(fire) if virtual is not None else ArrivalAlarm(engine.clock.now, fire)
+    with closing(alarm):
+        yield alarm
 
 
 def run_requests(
@@ -99,12 +108,7 @@ def run_requests(
             bisect.insort(pending, nxt, key=lambda r: r.arrival_s)
 
     interrupted = False
-    alarm = _arrival_alarm(clock, engine.preempt) if engine.can_preempt else None
-    with (
-        _graceful_interrupt() as stop,
-        closing(alarm) if alarm else nullcontext(),
-        _static_heap(),
-    ):
+    with _graceful_interrupt() as stop, _arrival_alarm(engine) as alarm, _static_heap():
         try:
             while pending or engine.has_work:
                 if stop.requested:
