@@ -58,13 +58,12 @@ def _graceful_interrupt() -> Iterator[_StopFlag]:
 @contextmanager
 def _static_heap() -> Iterator[None]:
     """Leave everything built before the replay (the model's and tokenizer's objects, the
-    requests' prompts) out of the cyclic collector's scans while it runs: the collections
-    that still come (a few a second, on what iterations allocate) then scan only the run's
-    own objects (before it, one took ~2 ms of the host time between two device calls,
-    most of it traversing prompts of thousands of tokens). vLLM freezes its startup heap
-    for the same reason. No collection first: with a large heap (vLLM and torch imported)
-    one takes seconds, on the run's clock, and requests arriving meanwhile would wait.
-    What is unreachable now is kept until the replay ends."""
+    requests' prompts, thousands of tokens each) out of the cyclic collector's scans while
+    it runs: the collections that still come, between two device calls, then scan only the
+    run's own objects. vLLM freezes its startup heap for the same reason. No collection
+    first: with a large heap (vLLM and torch imported) one takes seconds, on the run's
+    clock, and requests arriving meanwhile would wait. What is unreachable now is kept
+    until the replay ends."""
     gc.freeze()
     try:
         yield
