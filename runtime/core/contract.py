@@ -68,15 +68,13 @@ def timing_of(work: list[SeqWork], duration_s: float, **extra: Any) -> Iteration
     pass over the work: this runs between two device calls, where a chat's token waits)."""
     n_decode = n_prefill = n_chunks = ctx_work = n_sampled = 0
     for w in work:
-        n = len(w.tokens)
-        ctx_work += n * w.pos + n * (n + 1) // 2
-        if w.sample is not None:
-            n_sampled += 1
-            if n == 1:
-                n_decode += 1
-                continue
-        n_prefill += n
-        n_chunks += 1
+        ctx_work += w.ctx_work
+        n_sampled += w.sample is not None
+        if w.is_decode:
+            n_decode += 1
+        else:
+            n_prefill += len(w.tokens)
+            n_chunks += 1
     return IterationTiming(
         duration_s=duration_s,
         n_decode=n_decode,
