@@ -13,6 +13,7 @@ from edgeprefill.backends.llamacpp.probe import plain_tokens
 from edgeprefill.runtime import Runtime
 from edgeprefill.runtime.core.request import DEFAULT_TTFT_SLOWDOWN, Status
 from edgeprefill.runtime.policies import DEFAULT_POLICY
+from tests.terminal import python_from_a_terminal
 
 pytestmark = pytest.mark.slow
 
@@ -181,13 +182,12 @@ def test_a_signal_during_shutdown_keeps_finished_requests_and_marks_the_run(
     the summary says interrupted, and no half-written file is left in the KV-state folder."""
     import signal
     import subprocess
-    import sys
 
     script = tmp_path / "assistant.py"
     script.write_text(ASSISTANT)
     out = tmp_path / "results"
     proc = subprocess.Popen(
-        [sys.executable, str(script), str(out)],
+        python_from_a_terminal(str(script), str(out)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from tests.server_helpers import KEY, serving
+from tests.terminal import python_from_a_terminal
 
 pytestmark = pytest.mark.slow
 openai = pytest.importorskip("openai")
@@ -178,19 +179,23 @@ def test_a_chat_goes_ahead_of_a_long_document_and_a_dropped_stream_frees_its_seq
     assert answer.status_code == 200
     state = h.get(f"/v1/documents/{doc}").json()
     assert state["status"] != "finished" and state["prompt_tokens_read"] < state["prompt_tokens"]
-    # a client that goes away mid-stream: its request ends and gives its sequence back
-    with h.stream(
-        "POST", "/v1/chat/completions", json={**chat, "max_tokens": 200, "stream": True}
-    ) as r:
+    # A client that goes away mid-stream: its request ends and gives its sequence back. It
+    # ignores EOS so that only the disconnect can end it before 200 tokens.
+    long_chat = {**chat, "max_tokens": 200, "ignore_eos": True, "stream": True}
+    with h.stream("POST", "/v1/chat/completions", json=long_chat) as r:
         lines = r.iter_lines()
         assert next(lines).startswith("data: ")
     h.delete(f"/v1/documents/{doc}")
+    # Both ends are counted after the engine lets the sequences go: wait for the counts.
+    ended = [
+        f'edgeprefill_requests_ended_total{{cls="{cls}",outcome="error"}} 1.0'
+        for cls in ("foreground", "background")
+    ]
     deadline = time.monotonic() + 60
-    while runtime.engine.scheduler.running and time.monotonic() < deadline:
+    while not all(e in (metrics := h.get("/metrics").text) for e in ended):
+        assert time.monotonic() < deadline, metrics
         time.sleep(0.05)
     assert not runtime.engine.scheduler.running
-    metrics = h.get("/metrics").text
-    assert 'edgeprefill_requests_ended_total{cls="foreground",outcome="error"} 1.0' in metrics
 
 
 def test_32_concurrent_streams_end_once_each_and_background_prompts_never_ride_with_chats(
@@ -348,8 +353,8 @@ def test_the_serve_command_answers_curl_and_stops_cleanly_on_sigint(tmp_path):
         port = s.getsockname()[1]
     cli = [sys.executable, "-m", "edgeprefill.runtime.cli.main"]
     proc = subprocess.Popen(
-        [*cli, "serve", "--port", str(port), "--policy", "static:64", "--n-ctx", "2048",
-         "--calibration", "none"],
+        [*python_from_a_terminal(*cli[1:]), "serve", "--port", str(port), "--policy",
+         "static:64", "--n-ctx", "2048", "--calibration", "none"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
