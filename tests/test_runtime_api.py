@@ -116,6 +116,13 @@ def test_eight_threads_submitting_at_once_lose_nothing(make_backend, tmp_path):
         for t in threads:
             t.join()
         ended = [h.result(timeout=300) for h in handles]
+        # Idle now: every iteration that ran is on disk before any shutdown, as a served
+        # runtime's results folder should be for whoever reads it.
+        prefilled = sum(r.record()["prefilled_tokens"] for r in ended)
+        deadline = time.monotonic() + 30
+        while _prefill_written(tmp_path / "run" / "iterations.jsonl") < prefilled:
+            assert time.monotonic() < deadline, "iterations not written while idle"
+            time.sleep(0.05)
     assert len({h.id for h in handles}) == 24
     for req in ended:
         assert req.status is Status.FINISHED or req.error == "cancelled", req.error
@@ -147,6 +154,13 @@ def test_asking_about_an_indexed_document_computes_only_the_question(make_backen
     assert req.prompt[:kept] == doc.request.prompt[:kept]  # the document, token for token
     assert req.record()["prefilled_tokens"] == req.prompt_len - req.prefix_reused_tokens
     assert req.restore_s is not None and len(req.output) == 8
+
+
+def _prefill_written(path) -> int:
+    """Prompt tokens in the whole lines of iterations.jsonl so far."""
+    text = path.read_text()
+    lines = text.splitlines()[: text.count("\n")]  # not a line still being written
+    return sum(r["n_prefill"] for r in map(json.loads, lines) if r["error"] is None)
 
 
 ASSISTANT = """

@@ -289,6 +289,8 @@ class Runtime:
     def _drain(self, block: bool) -> bool:
         """Apply queued commands; True once a stop was asked for."""
         stop = False
+        if block and self._writer is not None:
+            self._writer.flush()  # nothing runs until a command comes
         while True:
             try:
                 kind, arg = self._commands.get(block=block)

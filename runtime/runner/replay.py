@@ -130,6 +130,7 @@ def run_requests(
                             "running: the run cannot progress"
                         )
                     if pending:
+                        writer.flush()  # nothing runs until the next arrival
                         clock.sleep(min(IDLE_POLL_S, max(pending[0].arrival_s - clock.now(), 0)))
                     continue
                 for it in step.iterations:
