@@ -7,8 +7,8 @@ at a time, whatever is left whenever the engine has nothing to do (`flush`: a se
 runtime's file is current while it waits for requests), and in full on close. One record
 serialized right after a `llama_decode` has streamed the weights through the caches takes
 ~75 us, one of a batch ~15 us, and that time is between two iterations, where a chat's next
-token waits: 1.5-2 ms every 64 iterations, and 10-37 ms every 256 (measured: larger batches
-are worse). Both files are serialized by orjson, ~3x faster than the standard library's
+token waits: mostly 0.7-3 ms every 64 iterations, where batches of 256 took 3-37 ms each
+(measured: no cheaper a line). Both files are serialized by orjson, ~3x faster than the standard library's
 encoder on these records (floats are most of them).
 """
 
