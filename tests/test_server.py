@@ -345,27 +345,18 @@ def test_sigterm_with_requests_in_flight_keeps_the_finished_and_marks_the_rest(t
 
 def test_the_serve_command_answers_curl_and_stops_cleanly_on_sigint(tmp_path):
     import signal
-    import socket
     import sys
 
-    with socket.socket() as s:  # a free loopback port
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cli = [sys.executable, "-m", "edgeprefill.runtime.cli.main"]
+    port = free_port()
+    module = ["-m", "edgeprefill.runtime.cli.main"]
     proc = subprocess.Popen(
-        [*python_from_a_terminal(*cli[1:]), "serve", "--port", str(port), "--policy",
+        [*python_from_a_terminal(*module), "serve", "--port", str(port), "--policy",
          "static:64", "--n-ctx", "2048", "--calibration", "none"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.5)
+        wait_healthy(base, proc)
         body = json.dumps({"prompt": "Hello", "max_tokens": 3})
         out = subprocess.run(
             ["curl", "-s", f"{base}/v1/completions", "-H", "Content-Type: application/json",
@@ -378,7 +369,7 @@ def test_the_serve_command_answers_curl_and_stops_cleanly_on_sigint(tmp_path):
         _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "Traceback" not in stderr, stderr  # as a shell reports it
     bad = subprocess.run(
-        [*cli, "serve", "--backend", "vllm", "--model", str(tmp_path / "none")],
+        [sys.executable, *module, "serve", "--backend", "vllm", "--model", str(tmp_path / "none")],
         capture_output=True, text=True,
     )  # fmt: skip
     assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
