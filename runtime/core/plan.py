@@ -37,8 +37,9 @@ class IterationTiming:
     # Rows whose logits were computed and sampled: every decode, plus each chunk that ends
     # its prompt. None (records written before it existed): the decodes.
     n_sampled: int | None = None
-    # Host time between the previous device call and this one (planning, sampling,
-    # bookkeeping): a foreground token waits for it as well as for the device.
+    # Host time since the previous device call (planning, bookkeeping) and in the backend's
+    # call besides its device time (filling the batch, sampling): a foreground token waits
+    # for it as well as for the device. After an idle wait, only the latter.
     host_s: float | None = None
     # Of n_prefill, the foreground's prompt tokens: a chat's chunk is shallow and cheap to
     # predict, a document's deep one is not, so policies may weigh their errors apart.
