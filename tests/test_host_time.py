@@ -79,7 +79,9 @@ def test_every_moment_between_device_calls_is_counted_on_llama_cpp(make_backend)
     backend = make_backend(kv_cache=False)
     engine = Engine(backend, parse_policy("static:64"))
     for k in range(2):
-        engine.add(Request(f"c{k}", "foreground", 0.0, list(range(10 + k, 60)), 64, ignore_eos=True))
+        engine.add(
+            Request(f"c{k}", "foreground", 0.0, list(range(10 + k, 60)), 64, ignore_eos=True)
+        )
     iterations = []
     t0 = time.perf_counter()
     while engine.has_work:
