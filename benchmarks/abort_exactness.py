@@ -54,7 +54,7 @@ def main() -> None:
         batch.fill(work)
         ctx.arm_abort(stop)
         try:
-            return ctx.decode(batch.view(0, batch.struct.n_tokens))
+            return ctx.decode(batch.view(0, batch.n_filled))
         finally:
             ctx.arm_abort(None)
 

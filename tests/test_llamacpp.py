@@ -184,6 +184,29 @@ def test_sampling_with_temperature_is_seeded(make_backend):
     assert sample(1) != sample(2)
 
 
+def test_greedy_and_seeded_requests_decoding_together_each_get_their_own_row(make_backend):
+    """Greedy rows are read from llama.cpp's outputs together, a seeded one by its sampler:
+    beside each other (one decode group) each gets the tokens it gets alone."""
+    from edgeprefill.runtime.core.request import SamplingParams
+
+    be = make_backend()
+    seeded = SamplingParams(temperature=1.0, top_p=0.95, seed=7)
+
+    def requests():
+        return [
+            Request(name, "foreground", 0.0, text_prompt(be.tokenizer, n, seed=n), 16,
+                    ignore_eos=True, sampling=sampling)
+            for name, n, sampling in (("g1", 60, SamplingParams()), ("s", 70, seeded), ("g2", 80, SamplingParams()))
+        ]  # fmt: skip
+
+    together = requests()
+    drain(Engine(be, StaticPolicy(256)), together)
+    for r in requests():
+        drain(Engine(be, StaticPolicy(256)), [r])
+        assert r.output == next(t.output for t in together if t.id == r.id), r.id
+    assert together[0].output != together[2].output
+
+
 def test_eight_sequences_decoding_at_once_equal_each_alone(make_backend):
     be = make_backend(n_seq_max=8, n_ctx=512)
     tok = be.tokenizer

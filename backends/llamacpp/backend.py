@@ -295,15 +295,21 @@ class LlamaCppBackend(Backend):
             raise BackendError(f"llama_decode returned {rc} ({what})")
 
     def _sample(self, group: list[SeqWork], sampled: dict[int, int]) -> None:
+        """Greedy rows read from the decode's outputs together, the others each by its own
+        sampler."""
+        rows = [w.sample for w in group if w.sample is not None]  # output rows, in order
+        greedy = self.ctx.argmax_rows(len(rows)) if any(s.greedy for s in rows) else []
         index = 0  # logits are indexed within the group just decoded
+        row = 0
         for w in group:
             index += len(w.tokens)
             if w.sample is None:
                 continue
             if w.sample.greedy:
-                sampled[w.seq_id] = self.ctx.argmax(index - 1)
+                sampled[w.seq_id] = greedy[row]
             else:
                 sampled[w.seq_id] = self._sampler(w.seq_id, w.sample).sample(self.ctx, index - 1)
+            row += 1
 
     def _sampler(self, seq_id: int, params: SamplingParams) -> LlamaSampler:
         """The sequence's sampler, created at its first token (it keeps the RNG state)."""

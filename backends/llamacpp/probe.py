@@ -160,7 +160,7 @@ def _timed_decode(ctx: LlamaContext, batch: LlamaBatch, work: list[SeqWork]) -> 
     """Seconds of one llama_decode of `work`."""
     batch.fill(work)
     t0 = time.perf_counter()
-    rc = ctx.decode(batch.view(0, batch.struct.n_tokens))
+    rc = ctx.decode(batch.view(0, batch.n_filled))
     elapsed = time.perf_counter() - t0
     if rc != 0:
         raise RuntimeError(f"llama_decode returned {rc} during the device probe")
