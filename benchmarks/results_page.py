@@ -117,7 +117,8 @@ def page(out: Path) -> str:
         "mean / P95 first-token time against the same chats with no documents; frontier "
         "share is the documents' prompt tokens computed beside chats as a share of the most "
         "any policy could have computed at a 100 ms ITL on this device's measured costs; "
-        "host share is the host's time between device calls as a share of iteration time.",
+        "host share is the host's time (between device calls, and in the backend's call "
+        "besides the device's: filling the batch, sampling) as a share of iteration time.",
         "",
     ]
     for workload in WORKLOADS:

@@ -187,8 +187,9 @@ def frontier_share(run_dir: Path, target_s: float = TARGET_ITL_S) -> float | Non
 
 
 def host_share(run_dir: Path) -> float | None:
-    """Host time between device calls (planning, sampling, bookkeeping) as a share of
-    iteration time, over every iteration that followed another without idling (3a)."""
+    """Host time (planning, bookkeeping, and the backend's own work in its call: filling
+    the batch, sampling) as a share of iteration time (3a); an idle wait is not host time.
+    Runs recorded before 2 Dec 2026 (2065126) left the backend's part out."""
     host = device = 0.0
     for i in load_run(run_dir).iterations:
         if i["host_s"] is not None:
