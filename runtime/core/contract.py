@@ -63,7 +63,15 @@ class SeqWork:
         return n * self.pos + n * (n + 1) // 2
 
 
-def timing_of(work: list[SeqWork], duration_s: float, **extra: Any) -> IterationTiming:
+def timing_of(
+    work: list[SeqWork],
+    duration_s: float,
+    *,
+    n_decode_foreground: int = 0,
+    budget: int | None = None,
+    host_s: float | None = None,
+    n_prefill_foreground: int = 0,
+) -> IterationTiming:
     """A completed iteration's timing, its composition counted from the batch it ran (one
     pass over the work: this runs between two device calls, where a chat's token waits)."""
     n_decode = n_prefill = n_chunks = ctx_work = n_sampled = 0
@@ -79,10 +87,13 @@ def timing_of(work: list[SeqWork], duration_s: float, **extra: Any) -> Iteration
         duration_s=duration_s,
         n_decode=n_decode,
         n_prefill=n_prefill,
+        n_decode_foreground=n_decode_foreground,
+        budget=budget,
         n_chunks=n_chunks,
         ctx_work=ctx_work,
         n_sampled=n_sampled,
-        **extra,
+        host_s=host_s,
+        n_prefill_foreground=n_prefill_foreground,
     )
 
 

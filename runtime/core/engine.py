@@ -157,8 +157,8 @@ class Engine:
         prompt work; documents' decodes in it finish first (the backend computes them
         before any prompt chunk). Chats' work is never stopped: neither their prompts nor
         iterations that carry their tokens."""
-        running = self.scheduler.by_id
-        chats = any(running[rid].cls == "foreground" for rid in (*plan.decode, *plan.prefill))
+        n_decode_fg, n_prefill_fg = self._foreground_share(plan)
+        chats = n_decode_fg or n_prefill_fg
         abortable = self.backend.supports_abort and plan.n_prefill > 0 and not chats
         work = self.scheduler.work(plan)
         started = self.clock.now()
@@ -177,20 +177,31 @@ class Engine:
         in_call = max(landed - started - result.duration_s, 0.0)
         host_s = in_call if host_s is None else host_s + in_call
         preempted = None
-        if result.kept is not None:
+        if result.kept is not None:  # only an iteration without chats' work is stopped
             plan, work, preempted = self._kept(plan, work, result.kept, landed)
-        by_class = {"foreground": 0, "background": 0}
-        for rid, n in plan.prefill.items():
-            by_class[running[rid].cls] += n
+        by_class = {"foreground": n_prefill_fg, "background": plan.n_prefill - n_prefill_fg}
         timing = timing_of(
             work,
             result.duration_s,
-            n_decode_foreground=sum(running[rid].cls == "foreground" for rid in plan.decode),
+            n_decode_foreground=n_decode_fg,
             budget=plan.budget,
             host_s=host_s,
-            n_prefill_foreground=by_class["foreground"],
+            n_prefill_foreground=n_prefill_fg,
         )
         return Executed(plan, timing, landed, result.sampled, by_class, preempted)
+
+    def _foreground_share(self, plan: Plan) -> tuple[int, int]:
+        """The plan's foreground decodes and foreground prompt tokens (plain loops: this
+        runs between two device calls, where a chat's token waits)."""
+        running = self.scheduler.by_id
+        n_decode = n_prefill = 0
+        for rid in plan.decode:
+            if running[rid].cls == "foreground":
+                n_decode += 1
+        for rid, n in plan.prefill.items():
+            if running[rid].cls == "foreground":
+                n_prefill += n
+        return n_decode, n_prefill
 
     def _kept(
         self, plan: Plan, work: list[SeqWork], kept_by_seq: dict[int, int], landed: float

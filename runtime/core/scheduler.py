@@ -89,6 +89,7 @@ class Scheduler:
         self.by_id: dict[str, Request] = {}
         self._by_seq: dict[int, Request] = {}
         self._free_seqs = list(range(capacity.n_seq_max))  # a heap: lowest id first
+        self._n_background = 0  # running background requests, kept with `running`
         self.kv_free = capacity.n_ctx
 
     # --- requests in ----------------------------------------------------------------
@@ -191,6 +192,8 @@ class Scheduler:
         room = self.capacity.n_batch - len(decode)
         left = budget_cap = room if budget is None else max(0, min(budget, room))
         bg_left = bg_cap = left if background_cap is None else min(background_cap, left)
+        if left == 0 and not decision.floor:  # most iterations beside a chat's decodes
+            return Plan(decision, decode, {}, deferred)
         prefill: dict[str, int] = {}
         by_fg = False  # a foreground prompt chunk is planned
         for req in self._prefill_order():
@@ -273,9 +276,8 @@ class Scheduler:
             return False
         if req.cls == "foreground":
             return req.kv_cells <= self.kv_free
-        n_bg = sum(r.cls == "background" for r in self.running)
         return (
-            n_bg < self.max_background_seqs
+            self._n_background < self.max_background_seqs
             and req.kv_cells <= self.kv_free - self.foreground_kv_cells
         )
 
@@ -286,6 +288,7 @@ class Scheduler:
         self.kv_free -= req.kv_cells
         self.running.append(req)
         self.by_id[req.id] = self._by_seq[req.seq_id] = req
+        self._n_background += req.cls == "background"
 
     def work(self, plan: Plan) -> list[SeqWork]:
         """The plan as batch slices: token ids, positions, and where to sample."""
@@ -367,6 +370,7 @@ class Scheduler:
 
     def _retire(self, req: Request) -> None:
         self.running.remove(req)
+        self._n_background -= req.cls == "background"
         assert req.seq_id is not None
         del self.by_id[req.id], self._by_seq[req.seq_id]
         self._release(req.seq_id)

@@ -22,9 +22,8 @@ class ArrivalAlarm:
         self._thread.start()
 
     def set(self, deadline: float | None) -> None:
-        """Fire once at `deadline` (run-clock seconds); None disarms. The replay calls this
-        before every iteration: the thread is woken only when the deadline changes, not
-        once per iteration."""
+        """Fire once at `deadline` (run-clock seconds); None disarms. The thread is woken
+        only when the deadline changes (the replay also calls this only then)."""
         with self._cond:
             if deadline == self._deadline:
                 return

@@ -107,6 +107,7 @@ def run_requests(
             bisect.insort(pending, nxt, key=lambda r: r.arrival_s)
 
     interrupted = False
+    armed: float | None = None  # the deadline the alarm was last given
     with _graceful_interrupt() as stop, _arrival_alarm(engine) as alarm, _static_heap():
         try:
             while pending or engine.has_work:
@@ -121,7 +122,9 @@ def run_requests(
                         on_iteration(None)
                 if alarm is not None:  # a chat arriving mid-iteration stops document work
                     fg = next((r.arrival_s for r in pending if r.cls == "foreground"), None)
-                    alarm.set(fg)
+                    if fg != armed:  # the alarm's lock costs ~10 us a token waits for
+                        alarm.set(fg)
+                        armed = fg
                 step = engine.advance() if engine.has_work else None
                 if step is None:
                     if engine.has_work and not engine.has_running:
