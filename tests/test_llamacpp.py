@@ -256,6 +256,16 @@ def test_the_probe_is_measured_once_then_read_from_the_cache(make_backend, tmp_p
     assert again.settings == first.settings
 
 
+def test_end_of_generation_tokens_are_the_ones_llama_cpp_names(make_backend):
+    """The tokenizer reads the set once at load (asking per sampled token cost a ctypes
+    call between two device calls); a request stops at exactly these tokens."""
+    be = make_backend()
+    vocab, tok = be.model.vocab, be.tokenizer
+    named = {t for t in range(tok.vocab_size) if llama_cpp.llama_vocab_is_eog(vocab, t)}
+    assert llama_cpp.llama_vocab_eos(vocab) in named
+    assert {t for t in range(tok.vocab_size) if tok.is_eog(t)} == named
+
+
 def test_the_tokenizer_refuses_to_work_after_its_backend_is_closed(make_backend):
     be = make_backend()
     tok = be.tokenizer
