@@ -15,7 +15,6 @@ import signal
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 from edgeprefill.runtime.core.driver import Driver
 from edgeprefill.runtime.core.iteration import Iteration
@@ -72,18 +71,28 @@ def _static_heap() -> Iterator[None]:
 
 
 @contextmanager
-def _arrival_alarm(engine: Driver) -> Iterator[Any]:
+def _arrival_alarm(engine: Driver) -> Iterator[Callable[[list[Request]], None] | None]:
     """An alarm that stops the iteration in flight at a chat's arrival (None where the
-    engine cannot stop one). A simulated clock rings its own alarms (its time passes only
-    when it is moved); a real one needs a thread that waits for the deadline."""
+    engine cannot stop one), as a function that sets it to the next chat among the pending
+    requests. A simulated clock rings its own alarms (its time passes only when it is
+    moved); a real one needs a thread that waits for the deadline."""
     if not engine.can_preempt:
         yield None
         return
     virtual = getattr(engine.clock, "alarm", None)
     fire = engine.preempt
     alarm = virtual(fire) if virtual is not None else ArrivalAlarm(engine.clock.now, fire)
+    armed: float | None = None
+
+    def follow(pending: list[Request]) -> None:
+        nonlocal armed
+        chat = next((r.arrival_s for r in pending if r.cls == "foreground"), None)
+        if chat != armed:  # told only of changes: its lock cost ~10 us a token waits for
+            alarm.set(chat)
+            armed = chat
+
     with closing(alarm):
-        yield alarm
+        yield follow
 
 
 def run_requests(
@@ -107,7 +116,6 @@ def run_requests(
             bisect.insort(pending, nxt, key=lambda r: r.arrival_s)
 
     interrupted = False
-    armed: float | None = None  # the deadline the alarm was last given
     with _graceful_interrupt() as stop, _arrival_alarm(engine) as alarm, _static_heap():
         try:
             while pending or engine.has_work:
@@ -121,10 +129,7 @@ def run_requests(
                         ended(req)
                         on_iteration(None)
                 if alarm is not None:  # a chat arriving mid-iteration stops document work
-                    fg = next((r.arrival_s for r in pending if r.cls == "foreground"), None)
-                    if fg != armed:  # the alarm's lock costs ~10 us a token waits for
-                        alarm.set(fg)
-                        armed = fg
+                    alarm(pending)
                 step = engine.advance() if engine.has_work else None
                 if step is None:
                     if engine.has_work and not engine.has_running:
