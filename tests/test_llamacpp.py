@@ -294,3 +294,31 @@ def test_errors_raised_to_python_callers_name_parameters_not_flags(model_path):
         with pytest.raises(UserError) as err:
             make()
         assert fragment in str(err.value) and "--" not in str(err.value)
+
+
+def test_batch_fills_what_llama_decode_reads_and_refuses_an_overflow():
+    """The batch arrays llama.cpp reads: each slice's tokens, positions and sequence, logits
+    only where a token is sampled; a batch over its size is refused before llama.cpp would
+    abort the process."""
+    from edgeprefill.backends.llamacpp.native import LlamaBatch
+    from edgeprefill.runtime.core.contract import SeqWork
+    from edgeprefill.runtime.core.request import SamplingParams
+
+    batch = LlamaBatch(8)
+    greedy = SamplingParams()
+    work = [
+        SeqWork(2, [7], 40, greedy),
+        SeqWork(0, [1, 2, 3], 0, None),
+        SeqWork(1, [4, 5], 9, greedy),
+    ]
+    assert batch.fill(work) == [(2, 0), (1, 5)]
+    n = batch.n_filled
+    assert n == 6
+    assert list(batch.token[:n]) == [7, 1, 2, 3, 4, 5]
+    assert list(batch.pos[:n]) == [40, 0, 1, 2, 9, 10]
+    assert list(batch.seq[:n]) == [2, 0, 0, 0, 1, 1]
+    assert list(batch.logits[:n]) == [1, 0, 0, 0, 0, 1]
+    view = batch.view(1, 3)
+    assert view.n_tokens == 3 and view.token[0] == 1 and view.seq_id[2][0] == 0
+    with pytest.raises(ValueError, match="more than 8 tokens"):
+        batch.fill([SeqWork(0, list(range(5)), 0, None), SeqWork(1, list(range(4)), 0, greedy)])

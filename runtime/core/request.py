@@ -67,10 +67,12 @@ class Request:
     prefix_reused_tokens: int = 0  # prompt tokens restored from a saved prefix, not computed
     restore_s: float | None = None  # how long restoring them took
     ttft_alone_s: float | None = None  # its prompt alone on this device (the engine's estimate)
+    # len(prompt), kept: planning reads it several times an iteration, between two device
+    # calls (a property call each), and a prompt never changes.
+    prompt_len: int = field(init=False, repr=False)
 
-    @property
-    def prompt_len(self) -> int:
-        return len(self.prompt)
+    def __post_init__(self) -> None:
+        self.prompt_len = len(self.prompt)
 
     @property
     def remaining_prompt(self) -> int:

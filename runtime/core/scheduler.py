@@ -185,9 +185,11 @@ class Scheduler:
         decodes are left out when the decision defers them."""
         budget, background_cap = decision.budget, decision.background_cap
         decoding = [r for r in self.running if r.status is Status.DECODE]
-        background = [r for r in decoding if r.cls == "background"]
-        riding = {r.id for r in riders(background, decision, lambda r: len(r.output))}
-        deferred = tuple(r.id for r in background if r.id not in riding)
+        deferred: tuple[str, ...] = ()
+        if decision.background_decodes is not None:  # some background decodes may wait
+            background = [r for r in decoding if r.cls == "background"]
+            riding = {r.id for r in riders(background, decision, lambda r: len(r.output))}
+            deferred = tuple(r.id for r in background if r.id not in riding)
         decode = tuple(r.id for r in decoding if r.id not in deferred)
         room = self.capacity.n_batch - len(decode)
         left = budget_cap = room if budget is None else max(0, min(budget, room))

@@ -22,11 +22,9 @@ class ArrivalAlarm:
         self._thread.start()
 
     def set(self, deadline: float | None) -> None:
-        """Fire once at `deadline` (run-clock seconds); None disarms. The thread is woken
-        only when the deadline changes (the replay also calls this only then)."""
+        """Fire once at `deadline` (run-clock seconds); None disarms. Each call wakes the
+        thread: the replay calls it only when the next chat's arrival changes."""
         with self._cond:
-            if deadline == self._deadline:
-                return
             self._deadline = deadline
             self._cond.notify()
 

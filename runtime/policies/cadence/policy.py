@@ -102,9 +102,17 @@ class CadencePolicy(BudgetPolicy):
     def _model(self) -> CostModel:
         return self._need(self._fit, "cost model (device calibration)").model
 
+    def _parts(self) -> tuple[OnlineFit, TailMargins, ShareCredit]:
+        """What `calibrate` made, checked once a decision or observation (both run between
+        two device calls, where a chat's token waits)."""
+        fit, margins, credit = self._fit, self._margins, self._credit
+        if fit is None or margins is None or credit is None:
+            raise RuntimeError(f"policy {self.name} used before check_ready: no device calibration")
+        return fit, margins, credit
+
     # --- before an iteration ------------------------------------------------------------
     def decide(self, state: SchedState) -> Decision:
-        margins, credit = self._need(self._margins, "margins"), self._need(self._credit, "credit")
+        _, margins, credit = self._parts()
         target = self._itl_s - margins.margin_s - margins.host_s
         defer = self._defers(state, target, credit)
         riders = None if defer else self._riders(state, target)
@@ -199,8 +207,7 @@ class CadencePolicy(BudgetPolicy):
 
     # --- after an iteration -------------------------------------------------------------
     def observe(self, timing: IterationTiming) -> None:
-        fit = self._need(self._fit, "cost model (device calibration)")
-        margins, credit = self._need(self._margins, "margins"), self._need(self._credit, "credit")
+        fit, margins, credit = self._parts()
         credit.add(timing, fit.model)
         margins.add(timing)
         if fit.add(timing, refit=margins.surprised(timing, fit.model)):
