@@ -33,7 +33,7 @@ from edgeprefill.runtime.core.request import Request
 from edgeprefill.runtime.policies.cadence import CadencePolicy
 from edgeprefill.runtime.runner.results import RunWriter
 
-SWEEP_BYTES = 96 * 2**20  # over the L3 of the CPUs seen (32 MB) and a small model's weights
+SWEEP_BYTES = 96 * 2**20  # 3x the L3 of the CPUs seen (32 MB): every cache emptied
 # A CPU-like device: 20 ms a pass over the weights, 3 ms a prompt token.
 COST = CostModel(per_pass_s=0.020, per_sampled_s=0.002, per_prefill_s=0.003, per_kctx_s=0.001)
 CAP = Capacity(
