@@ -7,7 +7,8 @@ device calls finds its code and data evicted: most of its time is that first tou
 work (history, section Q). Here the engine (admission, planning, bookkeeping, observation,
 update, record, the iterations.jsonl writer) runs on the simulated backend, cadence deciding,
 one chat beside three documents, and each device call is replaced by a sweep over memory
-larger than the last-level cache. No model and no device noise: comparing two versions of
+larger than the last-level cache
+(`--sweep-mb`). No model and no device noise: comparing two versions of
 the code in alternated processes (`PYTHONPATH` pointing at the other's checkout) shows
 differences of a few microseconds that runs on the real model, whose speed drifts by more,
 do not.
@@ -33,7 +34,9 @@ from edgeprefill.runtime.core.request import Request
 from edgeprefill.runtime.policies.cadence import CadencePolicy
 from edgeprefill.runtime.runner.results import RunWriter
 
-SWEEP_BYTES = 96 * 2**20  # 3x the L3 of the CPUs seen (32 MB): every cache emptied
+# The sweep is to empty every cache: by default 3x the 32 MB L3 of the CPUs seen here; a
+# CPU with a larger last-level cache needs --sweep-mb of three times its size.
+DEFAULT_SWEEP_MB = 96
 # A CPU-like device: 20 ms a pass over the weights, 3 ms a prompt token.
 COST = CostModel(per_pass_s=0.020, per_sampled_s=0.002, per_prefill_s=0.003, per_kctx_s=0.001)
 CAP = Capacity(
@@ -45,9 +48,9 @@ class SweepingBackend(SimBackend):
     """The simulated backend, each call preceded by a sweep that evicts the caches; the time
     of both is kept apart so that only the engine's is reported."""
 
-    def __init__(self, warm: bool) -> None:
+    def __init__(self, sweep_mb: int) -> None:
         super().__init__(COST, CAP)
-        self.sweep = None if warm else np.ones(SWEEP_BYTES // 8)
+        self.sweep = np.ones(sweep_mb * 2**20 // 8) if sweep_mb else None
         self.spent_s = 0.0
 
     def execute(self, work: Sequence[SeqWork], abort: threading.Event | None = None) -> StepResult:
@@ -72,9 +75,10 @@ def requests(chat_tokens: int) -> list[Request]:
     return out
 
 
-def host_times(iterations: int, warm: bool) -> np.ndarray:
-    """Seconds of the engine's own time for each iteration after the first 20."""
-    backend = SweepingBackend(warm)
+def host_times(iterations: int, sweep_mb: int) -> np.ndarray:
+    """Seconds of the engine's own time for each iteration after the first 20 (`sweep_mb`
+    0: warm caches)."""
+    backend = SweepingBackend(sweep_mb)
     profile = DeviceProfile(
         COST, decode_s=0.024, target_s=0.1, n_batch=2048, min_chunk=8, source="cold_host"
     )
@@ -97,8 +101,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=1000, help="the chat's output tokens")
     ap.add_argument("--warm", action="store_true", help="no sweep: the same code on warm caches")
+    ap.add_argument("--sweep-mb", type=int, default=DEFAULT_SWEEP_MB, help="memory swept per call")
     args = ap.parse_args()
-    us = host_times(args.iterations, args.warm) * 1e6
+    if args.iterations <= 20:
+        ap.error(f"--iterations must be over 20 (the first 20 are left out), got {args.iterations}")
+    if args.sweep_mb < 1:
+        ap.error(f"--sweep-mb must be at least 1, got {args.sweep_mb}")
+    us = host_times(args.iterations, 0 if args.warm else args.sweep_mb) * 1e6
     caches = "warm" if args.warm else "cold"
     print(
         f"{caches} caches, {len(us)} iterations: median {np.median(us):.1f} us, mean {us.mean():.1f} us"

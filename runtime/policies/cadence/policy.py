@@ -100,7 +100,7 @@ class CadencePolicy(BudgetPolicy):
 
     @property
     def _model(self) -> CostModel:
-        return self._need(self._fit, "cost model (device calibration)").model
+        return self._parts()[0].model
 
     def _parts(self) -> tuple[OnlineFit, TailMargins, ShareCredit]:
         """What `calibrate` made, checked once a decision or observation (both run between
