@@ -324,7 +324,7 @@ def test_sigterm_with_requests_in_flight_keeps_the_finished_and_marks_the_rest(t
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode in (0, -signal.SIGTERM, 128 + signal.SIGTERM), stderr
+    assert proc.returncode == -signal.SIGTERM, stderr  # after its results are written
     assert "Traceback" not in stderr, stderr
     records = {
         json.loads(line)["id"]: json.loads(line)

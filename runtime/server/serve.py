@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +15,7 @@ from edgeprefill.runtime.core.contract import Backend
 from edgeprefill.runtime.core.driver import SchedulingBackend
 from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.scheduler import BackgroundLimits
+from edgeprefill.runtime.runner.signals import on_stop_signals
 from edgeprefill.runtime.server.app import Routes, create_app
 from edgeprefill.runtime.server.metrics import ServerMetrics
 from edgeprefill.thermal.sampler import TelemetrySampler
@@ -82,15 +86,31 @@ def build(
 def serve(served: Served, host: str, port: int, cancel_on_shutdown: bool = False) -> None:
     """Until Ctrl-C or SIGTERM: then no new request is taken (503), and those in flight
     finish (or, with `cancel_on_shutdown`, end at once, marked "cancelled at shutdown")
-    before the process exits."""
+    before the process exits; the signal goes on to the program's own handler only after
+    the runtime has written its results (a shell then sees 130 or 143, as for any
+    program a signal stopped)."""
     import uvicorn
 
     runtime = served.runtime
+    received: list[int] = []
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
             runtime.stop(cancel=cancel_on_shutdown)  # queued: the event loop never blocks
             super().handle_exit(sig, frame)
+
+        @contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            """uvicorn's own raises the signal again as soon as the HTTP server stops: for
+            SIGTERM that ended the process before the engine thread had written
+            summary.json. Here `serve` raises it, after `close`."""
+
+            def take(signum: int) -> None:
+                received.append(signum)
+                self.handle_exit(signum, None)
+
+            with on_stop_signals(take):
+                yield
 
     config = uvicorn.Config(served.app, host=host, port=port, log_level="warning", lifespan="off")
     server = Server(config)
@@ -99,3 +119,5 @@ def serve(served: Served, host: str, port: int, cancel_on_shutdown: bool = False
         server.run()  # returns once open responses have ended
     finally:
         served.close(cancel=cancel_on_shutdown)
+    if received:
+        signal.raise_signal(received[0])
