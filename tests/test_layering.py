@@ -69,11 +69,13 @@ ALLOWED = {
         "runtime.runner.signals",
         "runtime.api",
     ],
-    # The server samples the sensors as `run` does, for energy per token.
+    # The server samples the sensors as `run` does, for energy per token, and takes Ctrl-C
+    # and SIGTERM as `run` and the embedding API do.
     "runtime/server": [
         "runtime.core",
         "runtime.policies",
         "runtime.api",
+        "runtime.runner.signals",
         "runtime.server",
         "thermal",
     ],
