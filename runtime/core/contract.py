@@ -84,17 +84,11 @@ def timing_of(
             n_prefill += len(w.tokens)
             n_chunks += 1
     return IterationTiming(
-        duration_s=duration_s,
-        n_decode=n_decode,
-        n_prefill=n_prefill,
-        n_decode_foreground=n_decode_foreground,
-        budget=budget,
-        n_chunks=n_chunks,
-        ctx_work=ctx_work,
-        n_sampled=n_sampled,
-        host_s=host_s,
+        duration_s=duration_s, n_decode=n_decode, n_prefill=n_prefill,
+        n_decode_foreground=n_decode_foreground, budget=budget, n_chunks=n_chunks,
+        ctx_work=ctx_work, n_sampled=n_sampled, host_s=host_s,
         n_prefill_foreground=n_prefill_foreground,
-    )
+    )  # fmt: skip
 
 
 class Tokenizer(Protocol):
