@@ -16,7 +16,7 @@ RUN_ARGS ?=
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/pip install -e '.[llamacpp,report,serve,test]'
 	touch $@
@@ -46,7 +46,7 @@ AVX2_WHEELS := build/wheels-avx2
 AVX2_STAMP := $(AVX2_VENV)/.edgeprefill-installed
 LLAMA_CPP := $(shell sed -n 's/.*"\(llama-cpp-python==[^"]*\)".*/\1/p' pyproject.toml)
 
-$(AVX2_STAMP): pyproject.toml
+$(AVX2_STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(AVX2_VENV)
 	ls $(AVX2_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || \
 		CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \

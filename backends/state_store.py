@@ -12,11 +12,15 @@ cannot be written, or a full disk, leaves the store working from memory only.
 
 File layout: MAGIC, a 4-byte little-endian header length, the JSON header, the tokens
 (int32, little-endian), the payload.
+
+The states hold what documents said: the folder is the user's alone (0700, refused if
+another user owns it) and its files too (0600, never opened through a symbolic link).
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
 import json
 import logging
@@ -126,7 +130,7 @@ class StateStore(Closeable):
         self._writer: threading.Thread | None = None
         if folder is not None and disk_bytes > 0:
             try:
-                folder.mkdir(parents=True, exist_ok=True)
+                _private_folder(folder)
                 probe = folder / f".write-test-{os.getpid()}"
                 probe.write_bytes(b"")
                 probe.unlink()
@@ -134,7 +138,7 @@ class StateStore(Closeable):
                 self._disk_failed(f"cannot write the KV cache folder {folder}: {e.strerror}")
             else:
                 self._folder = folder
-                self._folder_lock = FileLock(folder / LOCK_NAME)
+                self._folder_lock = FileLock(folder / LOCK_NAME, mode=0o600)
                 self._index_folder()
                 self._writer = threading.Thread(
                     target=self._write_loop, name="edgeprefill-kv-writer", daemon=True
@@ -266,6 +270,8 @@ class StateStore(Closeable):
                 if key is None:
                     return
                 self._write_one(key)
+            except Exception:  # the thread must live on: `flush` waits for the queue
+                log.exception("KV cache: saving a state failed")
             finally:
                 self._writes.task_done()
 
@@ -294,7 +300,9 @@ class StateStore(Closeable):
         path = self._path(key)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         try:
-            with tmp.open("wb") as f:
+            tmp.unlink(missing_ok=True)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+            with os.fdopen(os.open(tmp, flags, 0o600), "wb") as f:
                 f.write(self._header(entry, tokens, payload))
                 f.write(tokens.tobytes())
                 f.write(memoryview(payload))
@@ -309,8 +317,9 @@ class StateStore(Closeable):
     def _disk_failed(self, why: str) -> None:
         """No more disk: keep working from memory (a warning, never a failed request)."""
         log.warning("KV cache: %s; keeping saved states in memory only", why)
-        self.stats.disk_errors.append(why)
-        self._folder = None
+        with self._lock:
+            self.stats.disk_errors.append(why)
+            self._folder = None
 
     def _evict_disk(self) -> None:
         """Delete files, least recently used first, until the folder is under budget."""
@@ -384,12 +393,14 @@ class StateStore(Closeable):
 
     def _read(self, key: str, tokens: np.ndarray) -> np.ndarray | None:
         """The payload of a file, if every check passes; else None, with a warning."""
-        if self._folder is None:
+        folder = self._folder  # once: the writer thread may give the disk up meanwhile
+        if folder is None:
             return None
-        path = self._path(key)
+        path = folder / f"{key[:32]}{SUFFIX}"
         with self._shared():
             try:
-                data = path.read_bytes()
+                with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
+                    data = f.read()
                 os.utime(path)  # recently used: evicted last
             except FileNotFoundError:
                 return None  # evicted by another process sharing the folder
@@ -467,6 +478,15 @@ def _parse_header(data: bytes) -> dict[str, Any] | None:
     (n,) = struct.unpack("<I", data[len(MAGIC) : len(MAGIC) + 4])
     try:
         header = json.loads(data[len(MAGIC) + 4 : len(MAGIC) + 4 + n])
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: a header nested thousands deep
         return None
     return header if isinstance(header, dict) else None
+
+
+def _private_folder(folder: Path) -> None:
+    """Make `folder` (and its missing parents) readable by this user alone; refuse one that
+    another user owns, who could read or replace the states in it."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if folder.stat().st_uid != os.getuid():
+        raise PermissionError(errno.EACCES, "owned by another user")
+    folder.chmod(0o700)

@@ -20,15 +20,20 @@ def serving(
     make_backend: Callable[..., Any],
     policy: str = "static:64",
     n_seq_max: int = 4,
+    server: dict[str, Any] | None = None,
     **build_options: Any,
 ) -> Iterator[tuple[str, Runtime]]:
-    """The app on 127.0.0.1 at a free port, with an API key; its runtime stopped after.
-    A policy that needs the device's profile gets it measured now."""
+    """The app on 127.0.0.1 at a free port, with an API key and `server`'s other
+    `ServerOptions`; its runtime stopped after. A policy that needs the device's profile
+    gets it measured now."""
+    from edgeprefill.runtime.server.app import ServerOptions
+    from edgeprefill.runtime.server.guard import LOOPBACK_NAMES
     from edgeprefill.runtime.server.serve import build
 
     be = make_backend(n_ctx=4096, n_seq_max=n_seq_max, batching="fast")
     profile = "probe" if policy.startswith("cadence") else None
-    served = build(be, policy, profile=profile, api_key=KEY, model_id="tiny", **build_options)  # type: ignore[arg-type]
+    options = ServerOptions(api_key=KEY, model_id="tiny", hosts=LOOPBACK_NAMES, **(server or {}))
+    served = build(be, policy, profile=profile, options=options, **build_options)  # type: ignore[arg-type]
     app, runtime = served.app, served.runtime
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
     srv = uvicorn.Server(config)

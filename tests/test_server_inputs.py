@@ -1,7 +1,8 @@
 """Bad requests to `edgeprefill serve`, over a real loopback socket: hand-written cases with
 the status and error each must get, then hundreds generated from the server's own OpenAPI
-schema (valid bodies and broken ones). No 5xx, every error an OpenAI-style body, the server
-still healthy afterwards and no sequence left held."""
+schema (valid bodies and broken ones), under the default policy. No 5xx, every error an
+OpenAI-style body, a normal request still answered after every case, and no sequence left
+held."""
 
 from __future__ import annotations
 
@@ -37,6 +38,23 @@ CASES: list[tuple[str, str, Any, int, str | None]] = [
     ("POST", CHAT, {"messages": [{"content": "x"}]}, 400, "messages.0.role"),
     ("POST", CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages.0.role"),
     ("POST", CHAT, {"messages": [{"role": "user", "content": 5}]}, 400, None),
+    ("POST", CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]},
+     400, "messages.0.content.0"),
+    ("POST", CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, 5]}]},
+     400, None),
+    ("POST", CHAT, b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400, None),
+    ("POST", CHAT, {"messages": HI * 5000}, 400, "messages"),
+    ("POST", CHAT, b'{"messages": [{"role": "user", "content": "Hi"}], "ttft_target_ms": 1e400}',
+     400, "ttft_target_ms"),
+    ("POST", CHAT, b'{"messages": [{"role": "user", "content": "Hi"}], "ttft_target_ms": Infinity}',
+     400, "ttft_target_ms"),
+    ("POST", CHAT, {"messages": HI, "ttft_target_ms": 1e300}, 400, "ttft_target_ms"),
+    ("POST", CHAT, b'{"messages": [{"role": "user", "content": "Hi"}], "temperature": NaN}',
+     400, "temperature"),
+    ("POST", CHAT, {"messages": HI, "priority": 10**30}, 400, "priority"),
+    ("POST", CHAT, {"messages": HI, "seed": 2**64}, 400, "seed"),
+    ("POST", CHAT, {"messages": HI, "stop": ["a"] * 17}, 400, "stop"),
+    ("POST", CHAT, {"messages": HI, "stop": "x" * 300}, 400, "stop"),
     ("POST", CHAT, {"messages": HI, "n": 2}, 400, "n"),
     ("POST", CHAT, {"messages": HI, "temperature": -1}, 400, "temperature"),
     ("POST", CHAT, {"messages": HI, "temperature": 3}, 400, "temperature"),
@@ -61,6 +79,7 @@ CASES: list[tuple[str, str, Any, int, str | None]] = [
     ("POST", DONE, {"prompt": []}, 400, None),
     ("POST", DONE, {"prompt": [-1]}, 400, "prompt"),
     ("POST", DONE, {"prompt": [10**9]}, 400, "prompt"),
+    ("POST", DONE, {"prompt": [10**30]}, 400, "prompt"),
     ("POST", DONE, {"prompt": list(range(5000))}, 400, "prompt"),
     ("POST", DONE, {"prompt": {"a": 1}}, 400, "prompt"),
     ("POST", DONE, {"prompt": [1, 2], "document_id": "nope"}, 400, "prompt"),
@@ -69,6 +88,8 @@ CASES: list[tuple[str, str, Any, int, str | None]] = [
     ("POST", DOCS, {"tokens": [-3]}, 400, "prompt"),
     ("POST", DOCS, {"text": "a", "max_tokens": 0}, 400, "max_tokens"),
     ("POST", DOCS, {"text": "a", "colour": "red"}, 400, "colour"),
+    ("POST", DOCS, {"text": "Snow on the pass. " * 1500}, 400, "text"),  # past the context
+    ("POST", DOCS, {"tokens": [5] * 5000}, 400, "tokens"),
     ("GET", f"{DOCS}/nope", None, 404, None),
     ("DELETE", f"{DOCS}/nope", None, 404, None),
     ("GET", CHAT, None, 405, None),
@@ -88,6 +109,12 @@ def assert_openai_error(r: httpx.Response) -> None:
     assert error["message"] and error["type"] and {"param", "code"} <= error.keys(), r.text
 
 
+def answers(h: httpx.Client) -> None:
+    """A normal request is still answered: the engine lived through the last case."""
+    ok = h.post(DONE, json={"prompt": "Hello", "max_tokens": 1})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 1, ok.text
+
+
 def settle(base: str, runtime: Any, h: httpx.Client) -> None:
     """The server still answers, and once its requests end no sequence is held."""
     assert httpx.get(f"{base}/health").status_code == 200
@@ -103,7 +130,7 @@ def settle(base: str, runtime: Any, h: httpx.Client) -> None:
 
 @pytest.fixture
 def server(make_backend):
-    with serving(make_backend) as running:
+    with serving(make_backend, policy="cadence") as running:
         yield running
 
 
@@ -121,6 +148,7 @@ def test_hand_written_bad_requests_get_the_right_status_and_an_openai_error(serv
         assert_openai_error(r)
         if param is not None:
             assert r.json()["error"]["param"] == param, (body, r.text)
+        answers(h)
     for headers in ({}, {"Authorization": "Bearer wrong"}):
         r = httpx.post(f"{base}{CHAT}", json={"messages": HI}, headers=headers)
         assert r.status_code == 401
@@ -128,8 +156,12 @@ def test_hand_written_bad_requests_get_the_right_status_and_an_openai_error(serv
     settle(base, runtime, h)
 
 
+# Text with lone surrogates too, numbers past 64 bits, and floats that JSON writes as
+# Infinity and NaN (Python's parser reads them, and 1e400, as inf and nan).
+TEXT = st.text(max_size=20) | st.text(st.sampled_from("a\ud800\udfffé<"), max_size=6)
+NUMBERS = st.integers() | st.integers(2**63, 10**40) | st.floats()
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    st.none() | st.booleans() | NUMBERS | TEXT,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
     max_leaves=12,
 )
@@ -158,12 +190,15 @@ def _from_schema(
     if kind == "null":
         return st.none()
     if kind == "array":
-        typed = st.lists(of(schema.get("items", {})), min_size=int(clean), max_size=6)
+        items = of(schema.get("items", {}))
+        typed = st.lists(items, min_size=int(clean), max_size=6)
+        if not clean:  # past a list's bound, or the context's
+            typed |= items.map(lambda item: [item] * 5000)
     elif kind == "integer":
         lo = int(schema.get("minimum", 0))
         hi = int(schema.get("maximum", lo + 200))
         # unclean: token ids past the vocabulary, lengths past the context
-        typed = st.integers(lo, hi) if clean else st.integers(-3, 300_000)
+        typed = st.integers(lo, hi) if clean else st.integers(-3, 300_000) | NUMBERS
     elif kind == "number":
         lo, hi = (
             schema.get("minimum", schema.get("exclusiveMinimum", 0)),
@@ -225,6 +260,7 @@ def test_generated_requests_never_get_a_5xx_and_leak_nothing(server, path, schem
             assert_openai_error(r)
         elif path == DOCS:  # background work: not left to pile up
             h.delete(f"{DOCS}/{r.json()['id']}")
+        answers(h)
 
     case()
     assert len(seen) >= 170

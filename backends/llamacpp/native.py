@@ -307,7 +307,9 @@ class LlamaSampler(Native):
         else:
             lc.llama_sampler_chain_add(self.ptr, lc.llama_sampler_init_top_p(params.top_p, 1))
             lc.llama_sampler_chain_add(self.ptr, lc.llama_sampler_init_temp(params.temperature))
-            lc.llama_sampler_chain_add(self.ptr, lc.llama_sampler_init_dist(params.seed))
+            # llama.cpp's seed is 32 bits, and its all-ones value means "random".
+            seed = params.seed % 0xFFFFFFFF
+            lc.llama_sampler_chain_add(self.ptr, lc.llama_sampler_init_dist(seed))
 
     def sample(self, ctx: LlamaContext, batch_index: int) -> int:
         return lc.llama_sampler_sample(self.ptr, ctx.ptr, batch_index)

@@ -10,12 +10,17 @@ many prompt tokens ride along with the decodes.
 Only the engine thread touches the engine: `submit`, `cancel` and `shutdown` put commands
 on a queue that it drains between iterations, so a cancelled request's sequence and KV
 cells are freed before the next iteration and no other request is disturbed.
+
+The engine thread cannot end quietly: an exception in it (a backend, a policy, the results
+writer) marks the runtime failed with the reason (`failure`), ends every request in flight
+and queued with that reason, refuses new ones at once, and writes the results.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import math
 import queue
 import signal
 import threading
@@ -23,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from edgeprefill.runtime.api.chat_prompt import encode_chat
 from edgeprefill.runtime.api.handle import RequestHandle
 from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.contract import Backend
@@ -79,8 +85,12 @@ class Runtime:
         # Requests held back until the request they share a prefix with has read it.
         self._held: list[tuple[Request, Request]] = []  # (held, the one it waits for)
         self._ids = itertools.count()
-        self._ids_lock = threading.Lock()
+        # Held while checking `_closed` and queueing: no request can be queued after the
+        # engine thread's last look at the queue.
+        self._lock = threading.Lock()
         self._closed = False
+        self.failure: str | None = None  # why the engine thread failed, once it has
+        self._writer_failed = False
         self._interrupted = False  # a signal stopped the shutdown's wait
         self._stopped = threading.Event()  # the engine thread's last act
         self._thread = threading.Thread(target=self._loop, name="edgeprefill-engine", daemon=True)
@@ -109,14 +119,15 @@ class Runtime:
         that start with them. `after_prefix_of`: a request whose kept prefix this prompt
         starts with; while it is still reading that prefix this one waits (its clock
         running), so the prefix is restored rather than computed twice side by side."""
-        if self._closed:
-            raise RuntimeError("the runtime was shut down: create a new one to submit")
         n_vocab = self.backend.tokenizer.vocab_size
         bad = next((t for t in prompt if not 0 <= t < n_vocab), None)
         if not prompt or bad is not None:  # llama.cpp aborts the process on either
             what = "an empty prompt" if not prompt else f"token id {bad}"
             raise ValueError(f"{what}: prompts are token ids from 0 to {n_vocab - 1}")
-        with self._ids_lock:
+        for name, value in (("ttft_target_s", ttft_target_s), ("ttft_slowdown", ttft_slowdown)):
+            if isinstance(value, float | int) and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number above 0, got {value}")
+        with self._lock:
             rid = request_id or f"{'chat' if cls == 'foreground' else 'doc'}-{next(self._ids)}"
         req = Request(
             rid,
@@ -132,7 +143,10 @@ class Runtime:
         )
         handle = RequestHandle(req, self.backend.tokenizer.piece, lambda: self._cancel(req))
         after = None if after_prefix_of is None else after_prefix_of.request
-        self._commands.put(("add", (handle, after)))
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(self.refusal)
+            self._commands.put(("add", (handle, after)))
         if cls == "foreground":  # a document being read must not delay a chat's first token
             self.engine.preempt()
         return handle
@@ -152,13 +166,21 @@ class Runtime:
         max_tokens: int = 64,
         **kw: Any,
     ) -> RequestHandle:
-        """A background request that reads a document (text or token ids) and answers `instruction` about it,
-        for an indexer's summaries or tags. The document's KV state is kept where the
-        backend keeps prefixes: `ask(handle, question)` then computes only the question."""
-        doc, instr, tail = self._user_turn(document, instruction)
+        """A background request that reads a document (text or token ids) and answers
+        `instruction` about it, for an indexer's summaries or tags. The document's KV state
+        is kept where the backend keeps prefixes: `ask(handle, question)` then computes only
+        the question."""
+        prompt, kept = self.index_prompt(document, instruction)
         return self.submit(
-            doc + instr + tail, max_tokens=max_tokens, cls="background", share_prefix=len(doc), **kw
+            prompt, max_tokens=max_tokens, cls="background", share_prefix=kept, **kw
         )
+
+    def index_prompt(
+        self, document: str | list[int], instruction: str = INDEX_INSTRUCTION
+    ) -> tuple[list[int], int]:
+        """The prompt `index` submits, and how many of its first tokens are kept."""
+        doc, instr, tail = self._user_turn(document, instruction)
+        return doc + instr + tail, len(doc)
 
     def ask(
         self, document: RequestHandle, question: str, *, max_tokens: int = 256, **kw: Any
@@ -200,8 +222,7 @@ class Runtime:
     def _prompt(self, messages: list[dict[str, str]] | list[int]) -> list[int]:
         if all(isinstance(m, int) for m in messages):
             return list(messages)  # type: ignore[arg-type]
-        text = self.backend.tokenizer.render_chat(messages)  # type: ignore[arg-type]
-        return self.backend.tokenizer.encode(text, add_bos=True, special=True)
+        return encode_chat(self.backend.tokenizer, messages)  # type: ignore[arg-type]
 
     def _cancel(self, req: Request) -> None:
         self._commands.put(("cancel", req))
@@ -211,13 +232,21 @@ class Runtime:
         """Stop accepting requests and, with `cancel`, end those in flight, without waiting
         (a server's signal handler, which must not block its event loop); `shutdown`
         waits."""
-        if not self._closed:
-            self._closed = True
-            self._commands.put(("stop", "cancelled at shutdown" if cancel else None))
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._commands.put(("stop", "cancelled at shutdown" if cancel else None))
 
     @property
     def accepting(self) -> bool:
         return not self._closed
+
+    @property
+    def refusal(self) -> str:
+        """Why a request is refused now: the engine failed, or the runtime is stopping."""
+        if self.failure is not None:
+            return f"{self.failure} (the results are written; restart to serve again)"
+        return "the runtime was shut down: create a new one to submit"
 
     def shutdown(self, *, cancel: bool = False, timeout: float | None = None) -> None:
         """Stop accepting requests; finish what is in flight (or cancel it), then stop the
@@ -270,16 +299,14 @@ class Runtime:
                     if self._writer is not None:
                         self._writer.iteration(it)
                     if self._on_iteration is not None:
-                        self._on_iteration(it)
+                        _observe(self._on_iteration, it)
                 for handle in self._handles.values():
                     handle._catch_up()
                 for req in advanced.finished:
                     self._ended(req)
                 self._release_held()
-        except BaseException:
-            log.exception("the engine thread failed; failing every request in flight")
-            self._abort("the engine thread failed")
-            raise
+        except BaseException as e:
+            self._fail(e)
         finally:
             try:
                 self._finish()
@@ -347,28 +374,81 @@ class Runtime:
                 return True
         return False
 
+    def _fail(self, error: BaseException) -> None:
+        """Mark the runtime failed and end every request it holds with the reason: those in
+        the engine, those held for a prefix, and those queued since the last drain."""
+        reason = f"the engine failed: {type(error).__name__}: {error}"
+        log.error("%s; failing every request in flight", reason, exc_info=error)
+        with self._lock:
+            self.failure, self._closed = reason, True
+        try:
+            self._abort(reason)
+        except Exception:
+            log.exception("ending the requests in the engine failed too")
+        while True:
+            try:
+                kind, arg = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "add":
+                self._handles[arg[0].id] = arg[0]
+        for handle in list(self._handles.values()):
+            if not handle.request.done:
+                handle.request.fail(reason)
+            self._ended(handle.request)
+
     def _ended(self, req: Request) -> None:
-        if self._writer is not None:
-            self._writer.request(req)
-        if self._on_end is not None:
-            self._on_end(req)
+        """Record a request that ended and end its handle, whatever the recording does."""
         handle = self._handles.pop(req.id, None)
-        if handle is not None:
-            handle._end()
+        try:
+            if self._writer is not None and not self._writer_failed:
+                try:
+                    self._writer.request(req)
+                except Exception:
+                    self._writer_failed = True  # the run fails; what follows is not written
+                    if self.failure is None:
+                        raise
+                    log.exception("could not record request %s", req.id)
+        finally:
+            if self._on_end is not None:
+                _observe(self._on_end, req)
+            if handle is not None:
+                handle._end()
 
     def _finish(self) -> None:
+        """Save what is kept and write the summary. Each step's failure is logged, not
+        raised: the thread ends either way, and the rest is still worth saving."""
         if self.backend.prefix_cache is not None:
-            self.backend.prefix_cache.flush()  # no prefix left half-written
+            _attempt("save the kept prefixes", self.backend.prefix_cache.flush)
         if self._writer is not None:
-            meta = {
-                "backend": self.backend.describe(),
-                "policy": {**self.policy.describe(), "spec": self.policy.name},
-                "workload": {"name": "runtime", "path": None},
-            }
-            now = self.engine.clock.now()
-            summary = self._writer.summary(meta, now, self._interrupted, 0)
-            self._writer.write_summary(summary)
-            self._writer.close()
+            _attempt("write summary.json", self._write_summary, self._writer)
+            _attempt("close the result files", self._writer.close)
+
+    def _write_summary(self, writer: RunWriter) -> None:
+        meta = {
+            "backend": self.backend.describe(),
+            "policy": {**self.policy.describe(), "spec": self.policy.name},
+            "workload": {"name": "runtime", "path": None},
+            "failure": self.failure,
+        }
+        now = self.engine.clock.now()
+        writer.write_summary(writer.summary(meta, now, self._interrupted, 0))
+
+
+def _attempt(what: str, action: Callable[..., object], *args: Any) -> None:
+    try:
+        action(*args)
+    except Exception:
+        log.exception("could not %s", what)
+
+
+def _observe(callback: Callable[[Any], None], arg: Any) -> None:
+    """Call an observer (a server's metrics): one that raises is logged, not let end the
+    engine thread, which serves every request."""
+    try:
+        callback(arg)
+    except Exception:
+        log.exception("%s raised; the runtime goes on", getattr(callback, "__qualname__", callback))
 
 
 class _Signalled(Exception):

@@ -19,6 +19,7 @@ import cloup
 
 from edgeprefill.runtime.cli.flags import as_flags
 from edgeprefill.runtime.cli.options import PATH, device_options, run_options
+from edgeprefill.runtime.cli.serving import server_options, server_settings
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.policies import DEFAULT_POLICY
 from edgeprefill.runtime.runner.devices import open_device
@@ -79,58 +80,40 @@ def run(workload: Path, policy_spec: str, out: Path | None, seed: int | None, **
 
 
 @cli.command()
-@cloup.option_group(
-    "Serve",
-    option("--host", "127.0.0.1", "address to listen on"),
-    option("--port", 8080, type=click.IntRange(0, 65535)),
-    option("--api-key", help="require 'Authorization: Bearer KEY' (all but /health)"),
-    option("--policy policy_spec", DEFAULT_POLICY, "prefill budget policy, as for `run`"),
-    option("--served-model-name", help="the model id clients send [default: file name]"),
-    option(
-        "--max-queue",
-        help="most requests waiting for a sequence; past it 429 with Retry-After "
-        "[default: no limit]",
-        type=click.IntRange(0),
-    ),
-    option(
-        "--cancel-on-shutdown",
-        False,
-        "at Ctrl-C or SIGTERM end the requests in flight at once, rather than finish them",
-        is_flag=True,
-    ),
-    option(
-        "--results",
-        help="write requests.jsonl, iterations.jsonl and summary.json here, as `run` does",
-        type=click.Path(file_okay=False, path_type=Path),
-    ),
-)
+@server_options()
 @device_options()
-def serve(
-    host: str,
-    port: int,
-    api_key: str | None,
-    policy_spec: str,
-    served_model_name: str | None,
-    max_queue: int | None,
-    cancel_on_shutdown: bool,
-    results: Path | None,
-    **o: Any,
-) -> None:
+def serve(**o: Any) -> None:
     """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models,
-    /v1/documents, /health, /metrics) in which chats go ahead of background documents."""
+    /v1/documents, /health, /metrics) in which chats go ahead of background documents.
+    If the engine fails, every request in flight ends with the reason, the results are
+    written and the command exits with 1, for a supervisor to restart it."""
     from edgeprefill.runtime.policies import parse_policy
     from edgeprefill.runtime.server.serve import build
     from edgeprefill.runtime.server.serve import serve as run_server
 
-    parse_policy(policy_spec)
+    parse_policy(o["policy_spec"])
     options = run_options(o, progress=False)
     with open_device(o) as (make_backend, profile), make_backend() as backend:
-        name = served_model_name or Path(backend.describe()["model"]).stem
+        name = o["served_model_name"] or Path(backend.describe()["model"]).stem
         served = build(
-            backend, policy_spec, profile=profile, limits=options.limits, api_key=api_key,
-            model_id=name, results=results, max_queue=max_queue, telemetry=options.telemetry,
-        )  # fmt: skip
-        run_server(served, host, port, cancel_on_shutdown)
+            backend,
+            o["policy_spec"],
+            profile=profile,
+            limits=options.limits,
+            results=o["results"],
+            telemetry=options.telemetry,
+            options=server_settings(o, name),
+        )
+        signum = run_server(
+            served, o["host"], o["port"], o["cancel_on_shutdown"], o["max_connections"]
+        )
+        failure = served.runtime.failure
+    # Raised here, once the device is closed: its scratch KV folder is removed first.
+    if signum is not None:
+        signal.raise_signal(signum)
+    if failure is not None:
+        where = f" (results in {o['results']})" if o["results"] else ""
+        raise click.ClickException(f"{failure}; the server stopped{where}")
 
 
 @cli.command()

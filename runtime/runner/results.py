@@ -8,14 +8,20 @@ runtime's file is current while it waits for requests), and in full on close. On
 serialized right after a `llama_decode` has streamed the weights through the caches takes
 ~75 us, one of a batch ~15 us, and that time is between two iterations, where a chat's next
 token waits: mostly 0.7-3 ms every 64 iterations, where batches of 256 took 3-37 ms each
-(measured: no cheaper a line). Both files are serialized by orjson, ~3x faster than the standard library's
-encoder on these records (floats are most of them).
+(measured: no cheaper a line). Both files are serialized by orjson, ~3x faster than the
+standard library's encoder on these records (floats are most of them).
+
+Nothing but counters stays in memory: a server writes results for days. The records, the
+iterations' spans and the preemptions are read back from the files when asked for (the
+summary, energy by class), one pass each.
 """
 
 from __future__ import annotations
 
 import bisect
 import json
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -43,18 +49,13 @@ class RunWriter(Closeable):
         except OSError as e:
             raise UserError(f"cannot write results to {out_dir}: {e.strerror}") from None
         self.out_dir = out_dir
-        self.records: list[dict[str, Any]] = []
         self.n_iterations = 0
         self.prefill_tokens = 0  # in iterations that completed
         self.decode_tokens = 0
-        self.spans: list[IterationSpan] = []  # when each iteration ran, for energy per class
-        self.preemptions: list[dict[str, Any]] = []
         self._unwritten: list[Iteration] = []
 
     def request(self, req: Request) -> None:
-        rec = req.record()
-        self.records.append(rec)
-        self._requests.write(orjson.dumps(rec, option=_LINE))
+        self._requests.write(orjson.dumps(req.record(), option=_LINE))
         self._requests.flush()  # a finished request is on disk before the run goes on
 
     def iteration(self, it: Iteration) -> None:
@@ -63,12 +64,6 @@ class RunWriter(Closeable):
         if it.error is None:
             self.prefill_tokens += it.plan.n_prefill
             self.decode_tokens += it.plan.n_decode
-            fg = it.timing.n_decode_foreground + it.prefill_by_class.get("foreground", 0)
-            bg = it.plan.n_decode + it.plan.n_prefill - fg
-            end = it.t_start_s + it.timing.duration_s
-            self.spans.append(IterationSpan(it.t_start_s, end, fg, bg))
-        if it.preempted:
-            self.preemptions.append(it.preempted)
         self._unwritten.append(it)
         if len(self._unwritten) >= ITERATIONS_AT_ONCE:
             self.flush()
@@ -81,6 +76,44 @@ class RunWriter(Closeable):
         self._unwritten.clear()
         self._iterations.write(lines)
         self._iterations.flush()
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        """The request records written so far."""
+        return list(self._read("requests.jsonl", self._requests))
+
+    @property
+    def spans(self) -> list[IterationSpan]:
+        """When each completed iteration ran and what each class computed in it."""
+        spans = []
+        for it in self._iterations_written():
+            if it["error"] is None:
+                fg = it["n_decode_foreground"] + it["n_prefill_foreground"]
+                bg = it["n_decode"] + it["n_prefill"] - fg
+                end = it["t_start_s"] + it["duration_s"]
+                spans.append(IterationSpan(it["t_start_s"], end, fg, bg))
+        return spans
+
+    @property
+    def preemptions(self) -> list[dict[str, Any]]:
+        return [it["preempted"] for it in self._iterations_written() if "preempted" in it]
+
+    def _iterations_written(self) -> Iterator[dict[str, Any]]:
+        if not self._iterations.closed:
+            self.flush()
+        return self._read("iterations.jsonl", self._iterations)
+
+    def _read(self, name: str, file: IO[bytes]) -> Iterator[dict[str, Any]]:
+        """A file's records, line by line; none where it is not a plain file (a results
+        folder whose file is a device: nothing written there can be read back)."""
+        path = self.out_dir / name
+        if not stat.S_ISREG(path.stat().st_mode):
+            return
+        if not file.closed:
+            file.flush()
+        with path.open("rb") as f:
+            for line in f:
+                yield orjson.loads(line)
 
     def summary(
         self, meta: dict[str, Any], duration_s: float, interrupted: bool, not_arrived: int
@@ -118,7 +151,7 @@ class RunWriter(Closeable):
             "iterations": self.n_iterations,
             "accounting": accounting,
             "preemption": self._preemption(),
-            "step_wait": self._step_wait(),
+            "step_wait": self._step_wait(recs),
             **{c: class_summary([r for r in recs if r["class"] == c], duration_s) for c in CLASSES},
         }
 
@@ -126,27 +159,27 @@ class RunWriter(Closeable):
         """Background iterations stopped for a foreground arrival: how many, prompt tokens
         kept and lost (planned but not kept: the stopped micro-batch's, partly computed,
         and any not started), and how long from the arrival to the abort landing."""
-        latencies = [
-            p["abort_latency_s"] for p in self.preemptions if p["abort_latency_s"] is not None
-        ]
+        preemptions = self.preemptions
+        latencies = [p["abort_latency_s"] for p in preemptions if p["abort_latency_s"] is not None]
         return {
-            "count": len(self.preemptions),
-            "prompt_tokens_kept": sum(p["kept"] for p in self.preemptions),
-            "prompt_tokens_lost": sum(p["lost"] for p in self.preemptions),
+            "count": len(preemptions),
+            "prompt_tokens_kept": sum(p["kept"] for p in preemptions),
+            "prompt_tokens_lost": sum(p["lost"] for p in preemptions),
             "median_abort_latency_ms": float(np.median(latencies)) * 1e3 if latencies else None,
             "max_abort_latency_ms": max(latencies) * 1e3 if latencies else None,
         }
 
-    def _step_wait(self) -> dict[str, Any]:
+    def _step_wait(self, records: list[dict[str, Any]]) -> dict[str, Any]:
         """How long chats that arrived while a step was running waited for it to end: the
         part of a first token no scheduling decision can shorten once the step started, so
         what a backend that cannot stop a step (vLLM) must bound by the steps it plans."""
-        starts = [s.t_start_s for s in self.spans]  # in order: iterations run one at a time
+        spans = self.spans
+        starts = [s.t_start_s for s in spans]  # in order: iterations run one at a time
         waits = []
-        for r in self.records:
+        for r in records:
             i = bisect.bisect_right(starts, r["arrival_s"]) - 1
-            if r["class"] == "foreground" and i >= 0 and self.spans[i].t_end_s > r["arrival_s"]:
-                waits.append(self.spans[i].t_end_s - r["arrival_s"])
+            if r["class"] == "foreground" and i >= 0 and spans[i].t_end_s > r["arrival_s"]:
+                waits.append(spans[i].t_end_s - r["arrival_s"])
         return {
             "foreground_arrivals_mid_step": len(waits),
             "median_ms": float(np.median(waits)) * 1e3 if waits else None,

@@ -1,80 +1,121 @@
 """What the server lets into the runtime: the model asked for, prompt and answer within one
-sequence's context, token ids within the vocabulary, a queue under `--max-queue`, and no
-new request once shutdown began."""
+sequence's context, token ids within the vocabulary, each class's queue under its limit
+(a backlog of documents must not turn chats away), and no new request once shutdown began
+or the engine failed."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from edgeprefill.runtime.api.handle import RequestHandle
 from edgeprefill.runtime.api.runtime import Runtime
+from edgeprefill.runtime.core.request import RequestClass
 from edgeprefill.runtime.server.errors import ApiError
 from edgeprefill.runtime.server.schema import ChatRequest, Generation
 
 
+@dataclass(frozen=True)
+class QueueLimits:
+    """The most requests of each class that may wait for a sequence; past it, 429. Chats
+    are bounded by the connections they hold; documents hold none once answered 202."""
+
+    foreground: int | None = None
+    background: int | None = 256
+
+
 class Admission:
-    def __init__(self, runtime: Runtime, model_id: str, max_queue: int | None) -> None:
-        """`max_queue`: the most requests that may wait for a sequence; past it, 429."""
-        self.runtime, self.model_id, self.max_queue = runtime, model_id, max_queue
-        self.documents: dict[str, RequestHandle] = {}
+    def __init__(self, runtime: Runtime, model_id: str, limits: QueueLimits) -> None:
+        self.runtime, self.model_id, self.limits = runtime, model_id, limits
         self._in_flight: list[RequestHandle] = []
 
-    def submit(self, body: Generation, prompt: list[int]) -> RequestHandle:
-        limit = self._fits(body, len(prompt))
-        return self.admit(lambda: self.runtime.submit(prompt, **_options(body, limit)))
-
-    def ask(self, body: Generation, question: str) -> RequestHandle:
-        """A question about a document given to /v1/documents, as `Runtime.ask` asks it."""
-        assert body.document_id is not None
-        document = self.document(body.document_id)
-        prompt = self.runtime.question_prompt(document, question)
-        limit = self._fits(body, len(prompt))
-        options = _options(body, limit)
-        return self.admit(lambda: self.runtime.submit(prompt, after_prefix_of=document, **options))
-
-    def document(self, doc_id: str) -> RequestHandle:
-        handle = self.documents.get(doc_id)
-        if handle is None:
-            raise ApiError(404, f"no document {doc_id!r}", "not_found_error")
-        return handle
-
-    def admit(self, submit: Callable[[], RequestHandle]) -> RequestHandle:
-        """Submit unless the server is stopping (503) or its queue is full (429)."""
-        if not self.runtime.accepting:
-            raise ApiError(503, "the server is shutting down", "server_error")
-        self._in_flight = [h for h in self._in_flight if not h.done]
-        waiting = len(self._in_flight) - self.runtime.backend.capacity.n_seq_max
-        if self.max_queue is not None and waiting >= self.max_queue:
+    def check(self, body: Generation) -> None:
+        """Before any work: the model is this one, and the class's queue has room."""
+        if body.model is not None and body.model != self.model_id:
             raise ApiError(
-                429, f"{waiting} requests are waiting (--max-queue {self.max_queue}): retry "
-                "later", "rate_limit_error", retry_after_s=1,
-            )  # fmt: skip
+                404,
+                f"the model {body.model!r} does not exist: this server has {self.model_id!r}",
+                "not_found_error",
+                "model",
+            )
+        self.check_queue(body.cls)
+
+    def check_queue(self, cls: RequestClass) -> None:
+        if not self.runtime.accepting:
+            raise ApiError(503, self.runtime.refusal, "server_error")
+        limit = getattr(self.limits, cls)
+        self._in_flight = [h for h in self._in_flight if not h.done]
+        # Counted from what was submitted, not from the engine's view, which lags.
+        held = sum(h.request.cls == cls for h in self._in_flight)
+        waiting = held - self.runtime.backend.capacity.n_seq_max
+        if limit is not None and waiting >= limit:
+            flag = "--max-queue" if cls == "foreground" else "--max-document-queue"
+            raise ApiError(
+                429,
+                f"{waiting} {cls} requests are waiting ({flag} {limit}): retry later",
+                "rate_limit_error",
+                retry_after_s=1,
+            )
+
+    def submit(
+        self, body: Generation, prompt: list[int], after_prefix_of: RequestHandle | None = None
+    ) -> RequestHandle:
+        param = "messages" if isinstance(body, ChatRequest) else "prompt"
+        limit = self._fits(body, len(prompt), param)
+        options = {
+            "max_tokens": limit,
+            "cls": body.cls,
+            "sampling": body.sampling(),
+            "ttft_target_s": None if body.ttft_target_ms is None else body.ttft_target_ms / 1e3,
+            "ignore_eos": body.ignore_eos,
+            "after_prefix_of": after_prefix_of,
+        }
+        return self._admit(lambda: self.runtime.submit(prompt, **options), body.cls)
+
+    def submit_document(
+        self, prompt: list[int], kept: int, max_tokens: int, doc_id: str, param: str
+    ) -> RequestHandle:
+        """A document to read in the background, refused up front when it and its answer
+        cannot fit one sequence's context (it would fail only once its turn came)."""
+        n_ctx = self.runtime.backend.capacity.n_ctx_seq
+        if len(prompt) + max_tokens > n_ctx:
+            raise ApiError(
+                400,
+                f"the document's prompt has {len(prompt)} tokens and its answer up to "
+                f"{max_tokens}: this server's context holds {n_ctx} per request; split it",
+                param=param,
+            )
+        options: dict[str, Any] = {"cls": "background", "share_prefix": kept}
+        return self._admit(
+            lambda: self.runtime.submit(prompt, max_tokens=max_tokens, request_id=doc_id, **options),
+            "background",
+        )
+
+    def _admit(self, submit: Callable[[], RequestHandle], cls: RequestClass) -> RequestHandle:
+        """Submit unless the server is stopping or failed (503) or the class's queue is
+        full (429): checked again, since tokenizing took a while."""
+        self.check_queue(cls)
         try:
             handle = submit()
         except ValueError as e:  # token ids out of the vocabulary
             raise ApiError(400, str(e), param="prompt") from None
-        except RuntimeError:  # stopped between the check and the submit
-            raise ApiError(503, "the server is shutting down", "server_error") from None
+        except RuntimeError:  # stopped or failed between the check and the submit
+            raise ApiError(503, self.runtime.refusal, "server_error") from None
         self._in_flight.append(handle)
         return handle
 
-    def _fits(self, body: Generation, n_tokens: int) -> int:
-        """The model asked for is this one, and prompt and answer fit one sequence's
-        context (vLLM refuses the same requests, with 404 and 400). Returns the most tokens
-        to generate: as asked, or by default as many as fit, up to MAX_TOKENS_DEFAULT."""
-        if body.model is not None and body.model != self.model_id:
-            raise ApiError(
-                404, f"the model {body.model!r} does not exist: this server has "
-                f"{self.model_id!r}", "not_found_error", "model",
-            )  # fmt: skip
+    def _fits(self, body: Generation, n_tokens: int, param: str) -> int:
+        """Prompt and answer fit one sequence's context (vLLM refuses the same requests
+        with 400). Returns the most tokens to generate: as asked, or by default as many as
+        fit, up to MAX_TOKENS_DEFAULT."""
         n_ctx = self.runtime.backend.capacity.n_ctx_seq
         if n_tokens >= n_ctx:
             raise ApiError(
                 400,
                 f"the prompt has {n_tokens} tokens; this server's context holds {n_ctx} per "
                 "request",
-                param="messages" if isinstance(body, ChatRequest) else "prompt",
+                param=param,
             )
         if body.max_tokens is None and body.max_completion_tokens is None:
             return min(body.limit, n_ctx - n_tokens)
@@ -87,13 +128,3 @@ class Admission:
                 param=name,
             )
         return body.limit
-
-
-def _options(body: Generation, max_tokens: int) -> dict[str, Any]:
-    return {
-        "max_tokens": max_tokens,
-        "cls": body.cls,
-        "sampling": body.sampling(),
-        "ttft_target_s": None if body.ttft_target_ms is None else body.ttft_target_ms / 1e3,
-        "ignore_eos": body.ignore_eos,
-    }

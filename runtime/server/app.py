@@ -6,70 +6,98 @@ whole), GET /v1/models, GET /health, GET /metrics (Prometheus), and the indexer'
 first) makes it foreground at <= 0 (the default: a chat) and background above; the
 extension `ttft_target_ms` sets an absolute first-token target, and `document_id` asks about
 a document given to /v1/documents (its kept state is restored: only the question is
-computed; asked while the document is still read, it waits for the read). With an API key
-every route but /health needs `Authorization: Bearer KEY`.
+computed; asked while the document is still read, it waits for the read). `Guard` checks
+the Host header, the key and the body's size before any route runs.
+
+Text is tokenized on one worker thread, never on the event loop: a long document took the
+loop from every stream while it was tokenized.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import secrets
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from fastapi import Depends, FastAPI, Request
-from fastapi.responses import Response
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
 
-from edgeprefill.runtime.api.runtime import Runtime
-from edgeprefill.runtime.server.admission import Admission
+from edgeprefill.runtime.api.chat_prompt import encode_chat
+from edgeprefill.runtime.api.handle import RequestHandle
+from edgeprefill.runtime.api.runtime import INDEX_INSTRUCTION, Runtime
+from edgeprefill.runtime.server.admission import Admission, QueueLimits
+from edgeprefill.runtime.server.documents import Documents
 from edgeprefill.runtime.server.errors import ApiError, add_error_handlers
+from edgeprefill.runtime.server.guard import Guard
 from edgeprefill.runtime.server.metrics import ServerMetrics
 from edgeprefill.runtime.server.responses import respond
 from edgeprefill.runtime.server.schema import ChatRequest, CompletionRequest, DocumentRequest
 
+T = TypeVar("T")
 
-def create_app(routes: Routes, api_key: str | None = None) -> FastAPI:
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """What `edgeprefill serve` takes beyond the runtime's own options."""
+
+    api_key: str | None = None
+    model_id: str = "default"
+    queue: QueueLimits = QueueLimits()
+    max_body_bytes: int = 8 << 20
+    # Names the Host header may carry; None: any (bound beyond loopback).
+    hosts: frozenset[str] | None = None
+    documents_kept: int = 256  # finished documents answerable by id, the oldest dropped
+    parse_special: bool = False  # chat text may carry the model's control tokens
+
+
+def create_app(routes: Routes, options: ServerOptions) -> Guard:
     app = FastAPI(title="edgeprefill", docs_url=None, redoc_url=None)
     add_error_handlers(app)
     app.get("/health")(routes.health)
-    keyed = {"dependencies": [Depends(_bearer(api_key))]}
-    app.get("/v1/models", **keyed)(routes.models)
-    app.get("/metrics", **keyed)(routes.prometheus)
-    app.post("/v1/chat/completions", **keyed)(routes.chat)
-    app.post("/v1/completions", **keyed)(routes.complete)
-    app.post("/v1/documents", status_code=202, **keyed)(routes.add_document)
-    app.get("/v1/documents/{doc_id}", **keyed)(routes.get_document)
-    app.delete("/v1/documents/{doc_id}", **keyed)(routes.cancel_document)
-    return app
-
-
-def _bearer(api_key: str | None) -> Any:
-    async def authorized(request: Request) -> None:
-        if api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-            raise ApiError(
-                401, "missing or wrong API key (Authorization: Bearer KEY)", "authentication_error"
-            )
-
-    return authorized
+    app.get("/v1/models")(routes.models)
+    app.get("/metrics")(routes.prometheus)
+    app.post("/v1/chat/completions")(routes.chat)
+    app.post("/v1/completions")(routes.complete)
+    app.post("/v1/documents", status_code=202)(routes.add_document)
+    app.get("/v1/documents/{doc_id}")(routes.get_document)
+    app.delete("/v1/documents/{doc_id}")(routes.cancel_document)
+    return Guard(
+        app, api_key=options.api_key, max_body_bytes=options.max_body_bytes, hosts=options.hosts
+    )
 
 
 class Routes:
     """The handlers; what may be submitted is `Admission`'s to say."""
 
-    def __init__(
-        self, runtime: Runtime, model_id: str, metrics: ServerMetrics, max_queue: int | None
-    ) -> None:
-        """`max_queue`: the most requests that may wait for a sequence; past it, 429."""
-        self.runtime, self.model_id, self.metrics = runtime, model_id, metrics
-        self.admission = Admission(runtime, model_id, max_queue)
+    def __init__(self, runtime: Runtime, metrics: ServerMetrics, options: ServerOptions) -> None:
+        self.runtime, self.metrics, self.options = runtime, metrics, options
+        self.model_id = options.model_id
+        self.admission = Admission(runtime, options.model_id, options.queue)
+        self.documents = Documents(options.documents_kept)
         self.tokenizer = runtime.backend.tokenizer
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="edgeprefill-tokenize")
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=False, cancel_futures=True)
+
+    async def _off_loop(self, work: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        call = functools.partial(work, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._worker, call)
 
     def _sent(self, stamp_s: float) -> None:
         self.metrics.delivery.observe(self.runtime.engine.clock.now() - stamp_s)
 
-    async def health(self) -> dict[str, str]:
+    async def health(self) -> Any:
+        """200 while requests are taken; 503 with the reason once the engine failed (the
+        process then exits for a supervisor to restart it) or while shutting down."""
+        if self.runtime.failure is not None:
+            return JSONResponse({"status": "failed", "error": self.runtime.failure}, 503)
+        if not self.runtime.accepting:
+            return JSONResponse({"status": "stopping"}, 503)
         return {"status": "ok"}
 
     async def models(self) -> dict[str, Any]:
@@ -79,45 +107,57 @@ class Routes:
     async def prometheus(self) -> Response:
         return Response(self.metrics.text(), media_type="text/plain; version=0.0.4")
 
-    async def chat(self, body: ChatRequest) -> Any:
+    async def chat(self, body: ChatRequest, request: Request) -> Any:
+        self.admission.check(body)
         messages = [
             {"role": m.role if m.role != "developer" else "system", "content": m.text()}
             for m in body.messages
         ]
         if body.document_id is not None:  # the conversation's words, after the document
             question = "\n\n".join(m["content"] for m in messages if m["content"])
-            handle = self.admission.ask(body, question)
+            handle = await self._ask(body, question)
         else:
-            text = self.tokenizer.render_chat(messages)
-            prompt = self.tokenizer.encode(text, add_bos=True, special=True)
+            special = self.options.parse_special
+            prompt = await self._off_loop(encode_chat, self.tokenizer, messages, special)
             handle = self.admission.submit(body, prompt)
-        return await respond(body, handle, "chat.completion", self.model_id, self._sent)
+        return await respond(body, handle, "chat.completion", self.model_id, request, self._sent)
 
-    async def complete(self, body: CompletionRequest) -> Any:
+    async def complete(self, body: CompletionRequest, request: Request) -> Any:
+        self.admission.check(body)
         if body.document_id is not None:
             if not isinstance(body.prompt, str):
                 raise ApiError(
                     400, "a question about a document (document_id) must be text", param="prompt"
                 )
-            handle = self.admission.ask(body, body.prompt)
+            handle = await self._ask(body, body.prompt)
         elif isinstance(body.prompt, str):
-            prompt = self.tokenizer.encode(body.prompt, add_bos=True, special=False)
+            prompt = await self._off_loop(self.tokenizer.encode, body.prompt, add_bos=True, special=False)
             handle = self.admission.submit(body, prompt)
         else:
-            handle = self.admission.submit(body, list(body.prompt))
-        return await respond(body, handle, "text_completion", self.model_id, self._sent)
+            handle = self.admission.submit(body, body.prompt)
+        return await respond(body, handle, "text_completion", self.model_id, request, self._sent)
+
+    async def _ask(self, body: ChatRequest | CompletionRequest, question: str) -> RequestHandle:
+        """A question about a document given to /v1/documents, as `Runtime.ask` asks it."""
+        assert body.document_id is not None
+        document = self.documents.get(body.document_id)
+        prompt = await self._off_loop(self.runtime.question_prompt, document, question)
+        return self.admission.submit(body, prompt, after_prefix_of=document)
 
     async def add_document(self, body: DocumentRequest) -> dict[str, Any]:
-        document: str | list[int] = body.text if body.text is not None else list(body.tokens or [])
-        extra = {} if body.instruction is None else {"instruction": body.instruction}
-        handle = self.admission.admit(
-            lambda: self.runtime.index(document, max_tokens=body.max_tokens, **extra)
-        )
-        self.admission.documents[handle.id] = handle
+        self.admission.check_queue("background")  # before the work of tokenizing it
+        document = body.text if body.text is not None else body.tokens
+        assert document is not None
+        instruction = INDEX_INSTRUCTION if body.instruction is None else body.instruction
+        prompt, kept = await self._off_loop(self.runtime.index_prompt, document, instruction)
+        source = "text" if body.text is not None else "tokens"
+        doc_id = f"doc-{secrets.token_urlsafe(16)}"  # unguessable: it reads the answer
+        handle = self.admission.submit_document(prompt, kept, body.max_tokens, doc_id, source)
+        self.documents.add(handle)
         return {"id": handle.id, "object": "document", "status": "queued"}
 
     async def get_document(self, doc_id: str) -> dict[str, Any]:
-        req = self.admission.document(doc_id).request
+        req = self.documents.get(doc_id).request
         status = "failed" if req.error else req.status.name.lower()
         return {
             "id": doc_id, "object": "document", "status": status,
@@ -127,7 +167,15 @@ class Routes:
         }  # fmt: skip
 
     async def cancel_document(self, doc_id: str) -> dict[str, Any]:
-        handle = self.admission.document(doc_id)
+        """Cancel it if it is still read, and forget it (its kept state stays on disk, for
+        the prefix cache to reuse or evict)."""
+        handle = self.documents.get(doc_id)
         handle.cancel()
-        await asyncio.to_thread(handle.result, 60)
+        try:
+            await asyncio.to_thread(handle.result, 60)
+        except TimeoutError:
+            raise ApiError(
+                504, f"document {doc_id} did not stop within 60 s", "server_error"
+            ) from None
+        self.documents.drop(doc_id)
         return {"id": doc_id, "object": "document", "deleted": True}

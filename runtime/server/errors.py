@@ -48,7 +48,9 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
-        first = e.errors()[0]
+        errors = e.errors()
+        # Of a union's members, the one the value's type matched says what was wrong.
+        first = next((x for x in errors if not x["type"].endswith("_type")), errors[0])
         where = ".".join(str(p) for p in first["loc"] if _is_field(p))
         return JSONResponse(
             error_body(f"{where}: {first['msg']}", "invalid_request_error", where or None),

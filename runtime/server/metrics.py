@@ -70,6 +70,12 @@ class ServerMetrics:
             "nothing measures it",
             ["device", "source"], registry=r,
         )  # fmt: skip
+        self.kv_reserved = Gauge(
+            "edgeprefill_kv_cells_reserved",
+            "KV cells held for the requests admitted (prompt and answer), read at each scrape; "
+            "0 once every request has ended",
+            registry=r,
+        )
         self._tdp_w: float | None = None
         self._last_sample: dict[str, Any] | None = None
         self._joules: dict[tuple[str, str], float] = {}  # (device, source) -> since start

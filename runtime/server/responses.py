@@ -1,17 +1,23 @@
 """An answer as OpenAI's clients read it: one JSON body, or server-sent events (`data:
-{...}` chunks, then `data: [DONE]`), cut at stop strings, with `usage`."""
+{...}` chunks, then `data: [DONE]`), cut at stop strings, with `usage`. A client that goes
+away cancels its request on either path, whenever it leaves: its sequence is freed at the
+next iteration rather than held to `max_tokens`."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from fastapi.responses import StreamingResponse
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from starlette.background import BackgroundTask
 
 from edgeprefill.runtime.api.handle import RequestHandle
 from edgeprefill.runtime.core.request import Request as EngineRequest
+from edgeprefill.runtime.server.errors import ApiError, error_body
 from edgeprefill.runtime.server.schema import Generation
 
 
@@ -20,6 +26,7 @@ async def respond(
     handle: RequestHandle,
     kind: str,
     model_id: str,
+    request: Request,
     sent: Callable[[float], None] = lambda stamp: None,
 ) -> Any:
     """`kind`: "chat.completion" or "text_completion". `sent` gets, each time a streamed
@@ -28,7 +35,11 @@ async def respond(
     base = {"id": rid, "created": int(time.time()), "model": model_id}
     pieces = _Stream(handle, body.stops)
     if not body.stream:
-        text = "".join([p async for p in pieces])
+        text = await _whole(pieces, request)
+        if text is None:
+            return Response(status_code=499)  # nobody reads it: the client went away
+        if (error := pieces.failure()) is not None:
+            raise ApiError(503, f"the request failed: {error}", "server_error")
         return {
             **base, "object": kind,
             "choices": [_choice(kind, text, pieces.finish_reason(), whole=True)],
@@ -36,7 +47,32 @@ async def respond(
         }  # fmt: skip
     chunk = {**base, "object": "chat.completion.chunk" if kind == "chat.completion" else kind}
     events = _events(chunk, kind, pieces, body.include_usage, sent)
-    return StreamingResponse(events, media_type="text/event-stream")
+    # The task runs after the stream ends or the client leaves, even one that left before
+    # the first chunk was pulled (the events' own `finally` never runs then).
+    cancel = BackgroundTask(handle.cancel)
+    return StreamingResponse(events, media_type="text/event-stream", background=cancel)
+
+
+async def _whole(pieces: _Stream, request: Request) -> str | None:
+    """The answer's text, or None (and the request cancelled) if the client disconnects
+    first: the body was read, so the next ASGI message is the disconnect."""
+
+    async def collect() -> str:
+        return "".join([p async for p in pieces])
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    text, gone = asyncio.ensure_future(collect()), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait((text, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not text.done():
+            text.cancel()
+            pieces.handle.cancel()
+    return text.result() if text.done() and not text.cancelled() else None
 
 
 async def _events(
@@ -56,6 +92,8 @@ async def _events(
                 yield sse({**base, "choices": [_choice(kind, text, None, whole=False)]})
                 sent(pieces.stamp_s)  # resumed once the server took the chunk
         yield sse({**base, "choices": [_choice(kind, "", pieces.finish_reason(), whole=False)]})
+        if (error := pieces.failure()) is not None:  # the openai client raises APIError on it
+            yield sse(error_body(f"the request failed: {error}", "server_error"))
         if include_usage:
             yield sse({**base, "choices": [], "usage": usage(handle.request)})
         yield "data: [DONE]\n\n"
@@ -116,6 +154,12 @@ class _Stream:
                 yield held
                 held = ""
         yield held
+
+    def failure(self) -> str | None:
+        """Why the request failed (the engine, a shutdown), or None: it ended as asked, or
+        its own client cancelled it."""
+        error = self.handle.request.error
+        return None if self.stopped or error in (None, "cancelled") else error
 
     def finish_reason(self) -> str:
         req = self.handle.request

@@ -1,5 +1,7 @@
 """The OpenAI request bodies this server accepts, and how they map onto the runtime.
 
+Every field is bounded: numbers finite and within limits, strings and lists of a bounded
+length, content parts typed, so no body reaches the engine with a value it cannot take.
 Unknown fields are ignored, as OpenAI-compatible servers do (clients send `user`,
 `logprobs: false` and others); fields with a value this server cannot honour (n > 1) are
 refused with a 400 that names them.
@@ -7,49 +9,87 @@ refused with a 400 that names them.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import secrets
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from edgeprefill.runtime.core.request import RequestClass, SamplingParams
 
 MAX_TOKENS_DEFAULT = 256
+# Bounds that no real request comes near; the context and the body size bind first.
+MAX_TOKENS = 1 << 20  # tokens to generate (the context refuses more anyway)
+MAX_TEXT = 16 << 20  # characters in one string (the body limit binds first by default)
+MAX_MESSAGES = 4096
+MAX_PARTS = 1024  # content parts of one message
+MAX_STOPS, MAX_STOP_CHARS = 16, 256
+MAX_TTFT_TARGET_MS = 3_600_000.0  # an hour
+MAX_ID_CHARS = 256  # model names, document ids
+MAX_PRIORITY = 1 << 31
+MAX_TOKEN_ID = (1 << 31) - 1  # ids past the vocabulary are refused by the runtime
 
 
-class StreamOptions(BaseModel):
+# Strings of bounded length (pydantic also refuses lone surrogates, which the tokenizer
+# could not encode), token ids of a bounded size.
+Text = Annotated[str, Field(max_length=MAX_TEXT)]
+Name = Annotated[str, Field(max_length=MAX_ID_CHARS)]
+StopText = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
+TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]], Field(max_length=MAX_TEXT)]
+
+
+class Strict(BaseModel):
+    """Finite numbers only: JSON's `1e400`, `Infinity` and `NaN` parse to inf and nan."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+class StreamOptions(Strict):
     include_usage: bool = False
 
 
-class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class ContentPart(Strict):
+    """One part of a message's content: text parts are read, others (images) ignored."""
+
+    type: Name
+    text: Text | None = None
+
+    @model_validator(mode="after")
+    def _text_given(self) -> ContentPart:
+        if self.type == "text" and self.text is None:
+            raise ValueError('a content part of type "text" needs a string "text"')
+        return self
+
+
+class Message(Strict):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[dict[str, Any]] | None = None
+    content: Text | Annotated[list[ContentPart], Field(max_length=MAX_PARTS)] | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):  # content parts: the text ones
-            return "".join(p.get("text", "") for p in self.content if p.get("type") == "text")
+            return "".join(p.text or "" for p in self.content if p.type == "text")
         return self.content or ""
 
 
-class Generation(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    model: str | None = None
+class Generation(Strict):
+    model: Name | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     temperature: float = Field(default=1.0, ge=0, le=2)
     top_p: float = Field(default=1.0, gt=0, le=1)
-    seed: int | None = Field(default=None, ge=0)
-    stop: str | list[str] | None = None
+    # OpenAI's seed is a 64-bit integer; none given: a random one, so that two requests
+    # alike at temperature > 0 get different answers.
+    seed: int | None = Field(default=None, ge=0, le=(1 << 63) - 1)
+    stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOPS)] | None = None
     n: int = Field(default=1, ge=1, le=1)  # one choice per request
     # vLLM's field: lower runs first; here <= 0 is foreground (a chat), > 0 background.
-    priority: int = 0
+    priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
     # edgeprefill's extensions: the first token wanted this many ms after arrival, and a
     # document given to /v1/documents that the request asks about (only the question is
     # computed once the document has been read).
-    ttft_target_ms: float | None = Field(default=None, gt=0)
-    document_id: str | None = None
+    ttft_target_ms: float | None = Field(default=None, gt=0, le=MAX_TTFT_TARGET_MS)
+    document_id: Name | None = None
     # vLLM's and llama-server's extension: keep generating past end-of-text (benchmarks).
     ignore_eos: bool = False
 
@@ -68,7 +108,8 @@ class Generation(BaseModel):
         return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
 
     def sampling(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_p, self.seed or 0)
+        seed = secrets.randbits(63) if self.seed is None else self.seed
+        return SamplingParams(self.temperature, self.top_p, seed)
 
     @property
     def include_usage(self) -> bool:
@@ -76,11 +117,11 @@ class Generation(BaseModel):
 
 
 class ChatRequest(Generation):
-    messages: list[Message] = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
 
 
 class CompletionRequest(Generation):
-    prompt: str | list[int]
+    prompt: Text | TokenIds
 
     @model_validator(mode="after")
     def _not_empty(self) -> CompletionRequest:
@@ -89,12 +130,12 @@ class CompletionRequest(Generation):
         return self
 
 
-class DocumentRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    text: str | None = None
-    tokens: list[int] | None = None
-    instruction: str | None = None
-    max_tokens: int = Field(default=64, ge=1)
+class DocumentRequest(Strict):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    text: Text | None = None
+    tokens: TokenIds | None = None
+    instruction: Text | None = None
+    max_tokens: int = Field(default=64, ge=1, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _one_source(self) -> DocumentRequest:

@@ -1,9 +1,9 @@
-"""Run the app with uvicorn until Ctrl-C or SIGTERM, then stop the runtime."""
+"""Run the app with uvicorn until Ctrl-C, SIGTERM or the engine's failure, then stop the
+runtime."""
 
 from __future__ import annotations
 
 import logging
-import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,7 +16,7 @@ from edgeprefill.runtime.core.driver import SchedulingBackend
 from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.scheduler import BackgroundLimits
 from edgeprefill.runtime.runner.signals import on_stop_signals
-from edgeprefill.runtime.server.app import Routes, create_app
+from edgeprefill.runtime.server.app import Routes, ServerOptions, create_app
 from edgeprefill.runtime.server.metrics import ServerMetrics
 from edgeprefill.thermal.sampler import TelemetrySampler
 from edgeprefill.thermal.telemetry import TelemetryConfig, default_sensors
@@ -35,12 +35,14 @@ class Served:
 
     app: Any
     runtime: Runtime
+    routes: Routes
     sampler: TelemetrySampler | None = None
 
     def close(self, cancel: bool = False) -> None:
         try:
             self.runtime.shutdown(cancel=cancel)
         finally:
+            self.routes.close()
             if self.sampler is not None:
                 self.sampler.stop()
 
@@ -51,11 +53,9 @@ def build(
     *,
     profile: DeviceProfile | None,
     limits: BackgroundLimits | None = None,
-    api_key: str | None = None,
-    model_id: str = "default",
     results: Path | None = None,
-    max_queue: int | None = None,
     telemetry: TelemetryConfig | None = None,
+    options: ServerOptions | None = None,
 ) -> Served:
     """The app, the runtime behind it and, with `telemetry`, the sensors sampled beside it
     (energy per token in /metrics where measured; telemetry.jsonl beside `results`)."""
@@ -70,6 +70,10 @@ def build(
         backend, policy, profile=profile, limits=limits, results=results,
         on_iteration=on_iteration, on_end=metrics.ended,
     )  # fmt: skip
+    scheduler = getattr(rt.engine, "scheduler", None)  # llama.cpp's; vLLM keeps its own
+    if scheduler is not None:
+        n_ctx = backend.capacity.n_ctx
+        metrics.kv_reserved.set_function(lambda: n_ctx - scheduler.kv_free)
     sampler = None
     if telemetry is not None:
         out = None if results is None else results / "telemetry.jsonl"
@@ -79,16 +83,25 @@ def build(
         )  # fmt: skip
         metrics.measure_energy(sampler, telemetry.tdp_w)
         sampler.start()
-    app = create_app(Routes(rt, model_id, metrics, max_queue), api_key)
-    return Served(app, rt, sampler)
+    options = options or ServerOptions()
+    routes = Routes(rt, metrics, options)
+    return Served(create_app(routes, options), rt, routes, sampler)
 
 
-def serve(served: Served, host: str, port: int, cancel_on_shutdown: bool = False) -> None:
+def serve(
+    served: Served,
+    host: str,
+    port: int,
+    cancel_on_shutdown: bool = False,
+    max_connections: int | None = None,
+) -> int | None:
     """Until Ctrl-C or SIGTERM: then no new request is taken (503), and those in flight
     finish (or, with `cancel_on_shutdown`, end at once, marked "cancelled at shutdown")
-    before the process exits; the signal goes on to the program's own handler only after
-    the runtime has written its results (a shell then sees 130 or 143, as for any
-    program a signal stopped)."""
+    before the process exits. Returns the signal that stopped it, for the caller to raise
+    once it has closed what it holds (a shell then sees 130 or 143, as for any program a
+    signal stopped): the runtime has written its results by then. If the engine fails, its requests have ended with the
+    reason: the server stops the same way, and the caller finds `runtime.failure` set.
+    Past `max_connections` open at once, uvicorn answers 503."""
     import uvicorn
 
     runtime = served.runtime
@@ -103,7 +116,7 @@ def serve(served: Served, host: str, port: int, cancel_on_shutdown: bool = False
         def capture_signals(self) -> Iterator[None]:
             """uvicorn's own raises the signal again as soon as the HTTP server stops: for
             SIGTERM that ended the process before the engine thread had written
-            summary.json. Here `serve` raises it, after `close`."""
+            summary.json. Here the caller raises it, after `close`."""
 
             def take(signum: int) -> None:
                 received.append(signum)
@@ -112,12 +125,24 @@ def serve(served: Served, host: str, port: int, cancel_on_shutdown: bool = False
             with on_stop_signals(take):
                 yield
 
-    config = uvicorn.Config(served.app, host=host, port=port, log_level="warning", lifespan="off")
+        async def on_tick(self, counter: int) -> bool:
+            if runtime.failure is not None and not self.should_exit:
+                log.error("stopping the server: %s", runtime.failure)
+                self.should_exit = True
+            return await super().on_tick(counter)
+
+    config = uvicorn.Config(
+        served.app,
+        host=host,
+        port=port,
+        log_level="warning",
+        lifespan="off",
+        limit_concurrency=max_connections,
+    )
     server = Server(config)
     log.info("serving on http://%s:%d/v1 (Ctrl-C stops)", host, port)
     try:
         server.run()  # returns once open responses have ended
     finally:
         served.close(cancel=cancel_on_shutdown)
-    if received:
-        signal.raise_signal(received[0])
+    return received[0] if received else None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -56,7 +58,7 @@ def open_llamacpp(o: Options, work: ExpectedWork | None) -> Iterator[Opened]:
     kv_dir = o["kv_cache_dir"]
     scratch = None
     if o["kv_cache"] and kv_dir is None:
-        scratch = tempfile.TemporaryDirectory(prefix="kv-", dir=_scratch_parent())
+        scratch = tempfile.TemporaryDirectory(prefix=f"kv-{os.getpid()}-", dir=_scratch_parent())
         kv_dir = Path(scratch.name)
     config = LlamaCppConfig(
         model=o["model"] if o["model"] is not None else default_model_path(),
@@ -85,14 +87,22 @@ def open_llamacpp(o: Options, work: ExpectedWork | None) -> Iterator[Opened]:
 
 
 def _scratch_parent() -> Path | None:
-    """The user's KV cache folder (on disk, unlike a tmpfs /tmp); else the system's."""
+    """The user's KV cache folder (on disk, unlike a tmpfs /tmp); else the system's. The
+    scratch folders of processes that died there (kill -9, power loss) are removed: they
+    hold what documents said, up to the disk budget each."""
+    import psutil
+
     from edgeprefill.backends.cache import kv_cache_dir
 
     folder = kv_cache_dir()
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError:
         return None
+    for stale in folder.glob("kv-*-*"):
+        pid = stale.name.split("-")[1]
+        if stale.is_dir() and pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
     return folder
 
 

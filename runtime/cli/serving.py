@@ -1,0 +1,122 @@
+"""`edgeprefill serve`'s own options, and the server's settings made from them."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from pathlib import Path
+from typing import Any
+
+import click
+import cloup
+
+from edgeprefill.runtime.policies import DEFAULT_POLICY
+from edgeprefill.runtime.runner.devices.kind import option
+
+log = logging.getLogger(__name__)
+
+API_KEY_ENV = "EDGEPREFILL_API_KEY"
+
+
+def server_options() -> Any:
+    return cloup.option_group(
+        "Serve",
+        option("--host", "127.0.0.1", "address to listen on"),
+        option("--port", 8080, type=click.IntRange(0, 65535)),
+        option(
+            "--api-key",
+            help=f"require 'Authorization: Bearer KEY' (all but /health); better from "
+            f"${API_KEY_ENV}, since a command line is visible to every local user",
+            envvar=API_KEY_ENV,
+        ),
+        option(
+            "--allowed-host",
+            help="a name clients may reach the server by, besides localhost, 127.0.0.1 and "
+            "::1 (repeatable); other Host headers are refused on a loopback address, against "
+            "DNS rebinding",
+            multiple=True,
+        ),
+        option("--policy policy_spec", DEFAULT_POLICY, "prefill budget policy, as for `run`"),
+        option("--served-model-name", help="the model id clients send [default: file name]"),
+        option(
+            "--max-queue",
+            help="most chats waiting for a sequence; past it 429 with Retry-After "
+            "[default: no limit]",
+            type=click.IntRange(0),
+        ),
+        option(
+            "--max-document-queue",
+            256,
+            "most documents (and other background requests) waiting; past it 429",
+            type=click.IntRange(0),
+        ),
+        option("--max-body-mb", 8.0, "largest request body", type=click.FloatRange(0, 4096)),
+        option(
+            "--max-connections",
+            256,
+            "most connections open at once; past it 503",
+            type=click.IntRange(1),
+        ),
+        option(
+            "--documents-kept",
+            256,
+            "finished documents kept answerable by id, the least recently used forgotten",
+            type=click.IntRange(0),
+        ),
+        option(
+            "--parse-special",
+            False,
+            "read the model's control tokens (e.g. <start_of_turn>) in chat text; off, "
+            "they are plain text a user cannot forge turns with",
+            is_flag=True,
+        ),
+        option(
+            "--cancel-on-shutdown",
+            False,
+            "at Ctrl-C or SIGTERM end the requests in flight at once, rather than finish them",
+            is_flag=True,
+        ),
+        option(
+            "--results",
+            help="write requests.jsonl, iterations.jsonl and summary.json here, as `run` does",
+            type=click.Path(file_okay=False, path_type=Path),
+        ),
+    )
+
+
+def server_settings(o: dict[str, Any], model_id: str) -> Any:
+    """The `ServerOptions` of the command line's options (which it removes from `o`)."""
+    from edgeprefill.runtime.server.admission import QueueLimits
+    from edgeprefill.runtime.server.app import ServerOptions
+    from edgeprefill.runtime.server.guard import LOOPBACK_NAMES
+
+    extra = frozenset(h.lower() for h in o["allowed_host"])
+    if _loopback(o["host"]):
+        hosts: frozenset[str] | None = LOOPBACK_NAMES | extra
+    else:
+        hosts = extra or None
+        if o["api_key"] is None:
+            log.warning(
+                "serving on %s without an API key: anyone who can reach it can use the model "
+                "and read the documents' answers (set $%s)",
+                o["host"],
+                API_KEY_ENV,
+            )
+    return ServerOptions(
+        api_key=o["api_key"],
+        model_id=model_id,
+        queue=QueueLimits(o["max_queue"], o["max_document_queue"]),
+        max_body_bytes=int(o["max_body_mb"] * (1 << 20)),
+        hosts=hosts,
+        documents_kept=o["documents_kept"],
+        parse_special=o["parse_special"],
+    )
+
+
+def _loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
