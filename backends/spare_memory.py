@@ -1,5 +1,4 @@
-"""Memory whose pages are mapped before the engine thread needs them, and the lowest thread
-priority for work that must not take a core from the device.
+"""Memory whose pages are mapped before the engine thread needs them.
 
 The first write to fresh memory faults in every page. On the 2-core AMD EPYC these numbers
 come from (a virtual machine), copying a document's 26 MB KV state into a new buffer took
@@ -9,25 +8,16 @@ document stalled the engine loop for 140-300 ms, and a chat arriving meanwhile w
 
 from __future__ import annotations
 
-import contextlib
 import mmap
-import os
-import sys
 import threading
 
 import numpy as np
 
+from edgeprefill.runtime.core.threads import lowest_thread_priority
+
 PAGE = mmap.PAGESIZE
 # A spare is made this much larger than the largest request so far: documents differ.
 HEADROOM = 1.25
-
-
-def lowest_thread_priority() -> None:
-    """Run the calling thread at the lowest priority. Linux applies a thread id's priority
-    to that thread alone; elsewhere this is not tried."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 class SpareMemory:

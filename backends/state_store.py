@@ -39,8 +39,8 @@ import numpy as np
 import psutil
 from filelock import FileLock
 
-from edgeprefill.backends.spare_memory import lowest_thread_priority
 from edgeprefill.runtime.core.resource import Closeable
+from edgeprefill.runtime.core.threads import lowest_thread_priority
 
 log = logging.getLogger(__name__)
 

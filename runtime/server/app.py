@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse, Response
 from edgeprefill.runtime.api.chat_prompt import encode_chat
 from edgeprefill.runtime.api.handle import RequestHandle
 from edgeprefill.runtime.api.runtime import INDEX_INSTRUCTION, Runtime
+from edgeprefill.runtime.core.threads import lowest_thread_priority
 from edgeprefill.runtime.server.admission import Admission, QueueLimits
 from edgeprefill.runtime.server.documents import Documents
 from edgeprefill.runtime.server.errors import ApiError, add_error_handlers
@@ -79,7 +80,11 @@ class Routes:
         self.admission = Admission(runtime, options.model_id, options.queue)
         self.documents = Documents(options.documents_kept)
         self.tokenizer = runtime.backend.tokenizer
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="edgeprefill-tokenize")
+        # Lowest priority: a 100k-token document is ~0.4 s of a core, which the compute
+        # threads beside it would lose (benchmarks/history.md, section Z).
+        self._worker = ThreadPoolExecutor(
+            1, thread_name_prefix="edgeprefill-tokenize", initializer=lowest_thread_priority
+        )
 
     def close(self) -> None:
         self._worker.shutdown(wait=False, cancel_futures=True)
