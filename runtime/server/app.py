@@ -81,7 +81,7 @@ class Routes:
         self.documents = Documents(options.documents_kept)
         self.tokenizer = runtime.backend.tokenizer
         # Lowest priority: a 100k-token document is ~0.4 s of a core, which the compute
-        # threads beside it would lose (benchmarks/history.md, section Z).
+        # threads beside it would lose (benchmarks/history.md, section E).
         self._worker = ThreadPoolExecutor(
             1, thread_name_prefix="edgeprefill-tokenize", initializer=lowest_thread_priority
         )
