@@ -82,6 +82,31 @@ def test_a_document_aborted_part_way_resumes_with_the_same_greedy_output(make_ba
     assert req.output == reference
 
 
+def test_a_micro_batch_that_wraps_the_sliding_window_ring_finishes_before_a_stop(make_backend):
+    """Stopped mid-graph, a micro-batch that wrapped the sliding-window ring had already
+    given up cells of earlier positions: the sequence's cells ended short of its computed
+    prompt and its next pass failed (`llama_decode` -1; seen in the server soak, history
+    section E). It now finishes, and the stop lands at the next micro-batch."""
+    be = make_backend(n_ctx=2048, batching="fast", n_ubatch=512, flash_attn=False)
+    if not be.ring.n_swa:
+        pytest.skip("the model has no sliding-window layers")
+    doc = tokens(be, 1500, 1)
+    reference = run_alone(Engine(be, UnlimitedPolicy()), Request("ref", "background", 0, doc, 8))
+    engine = Engine(be, parse_policy("static:800"))
+    req = Request("doc", "background", 0, doc, 8)
+    engine.add(req)
+    engine.step()
+    p0 = req.num_computed
+    assert p0 < be.ring.size < p0 + 512  # the next chunk's first micro-batch wraps
+    engine._abort = StopAfter(3)  # type: ignore[assignment]  # set from the first node on
+    it = engine.step()
+    assert it is not None and it.preempted is not None and it.preempted["kept"] == 512
+    assert req.num_computed == p0 + 512 == be.seq_pos_max(req.seq_id) + 1
+    while engine.has_work:
+        engine.step()
+    assert req.error is None and req.output == reference
+
+
 def test_documents_decodes_finish_and_only_their_prompt_work_stops(make_backend):
     """A chat arriving while one document decodes beside another's prompt chunk stops the
     chunk, not the decode: the decode token is kept, the chunk's remainder computed later,

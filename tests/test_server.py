@@ -303,10 +303,18 @@ def wait_healthy(base: str, proc: subprocess.Popen) -> None:
     raise AssertionError(f"the server did not come up: {proc.poll()}")
 
 
-def test_sigterm_with_requests_in_flight_keeps_the_finished_and_marks_the_rest(tmp_path):
+def test_sigterm_with_requests_in_flight_keeps_the_finished_and_marks_the_rest(
+    tmp_path, kv_cache_folder
+):
     import signal
     import sys
 
+    # A scratch KV folder that a killed server left (its process is gone): removed at start.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = kv_cache_folder / f"kv-{dead.pid}-left"
+    stale.mkdir(parents=True)
+    (stale / "x.kvstate").write_bytes(b"what a document said")
     port, out = free_port(), tmp_path / "served"
     proc = subprocess.Popen(
         [sys.executable, "-m", "edgeprefill.runtime.cli.main", "serve", "--port", str(port),
@@ -333,6 +341,7 @@ def test_sigterm_with_requests_in_flight_keeps_the_finished_and_marks_the_rest(t
             proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == -signal.SIGTERM, stderr  # after its results are written
+    assert list(kv_cache_folder.glob("kv-*")) == []  # its own scratch folder too: gone
     assert "Traceback" not in stderr, stderr
     records = {
         json.loads(line)["id"]: json.loads(line)

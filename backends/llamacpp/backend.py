@@ -247,8 +247,7 @@ class LlamaCppBackend(Backend):
         would have run anyway, plus the passes that splitting decode groups adds.
 
         With an `abort` flag, read before each chunk and, while one computes, after every
-        graph node. In exact batching (a chunk is one micro-batch there) only where the
-        rollback is exact (`SwaRing`); another chunk finishes first."""
+        graph node (see `_chunk`)."""
         # Plain loops, no sort for one decode: this runs between two device calls, where
         # a chat's next token waits (~15 us less than a sort by a lambda and a flattening).
         decodes = [w for w in work if w.is_decode]
@@ -257,39 +256,64 @@ class LlamaCppBackend(Backend):
             decodes.sort(key=_SEQ_ID)
         step = self.settings.max_decode_group or len(decodes) or 1
         groups = [decodes[i : i + step] for i in range(0, len(decodes), step)]
-        first_chunk = len(groups)
-        groups += [[c] for c in chunks]
         self.batch.fill(decodes + chunks if chunks else decodes)
         for w in chunks:
             self.ring.placed(w.seq_id, w.pos)
         sampled: dict[int, int] = {}
         duration = 0.0
         start = 0
+        for group in groups:
+            duration += self._decode(start, len(group))
+            self._sample(group, sampled)
+            start += len(group)
         try:
-            for k, group in enumerate(groups):
-                if abort is not None and k >= first_chunk:
-                    if abort.is_set():  # the decodes are done and sampled: stop here
-                        return StepResult(duration, sampled, self._kept(chunks))
-                    (w,) = group
-                    exact = not self.settings.exact or self.ring.abortable(
-                        w.seq_id, w.pos, len(w.tokens)
-                    )
-                    self.ctx.arm_abort(abort if exact else None)
-                n = len(group) if k < first_chunk else len(group[0].tokens)
-                t0 = time.perf_counter()
-                rc = self.ctx.decode(self.batch.view(start, n))
-                duration += time.perf_counter() - t0
-                if rc:
-                    if rc == 2 and abort is not None:
-                        return StepResult(duration, sampled, self._kept(chunks))
-                    self._check(rc)
-                if k < first_chunk or group[0].sample is not None:  # a chunk: at its prompt's end
-                    self._sample(group, sampled)
-                start += n
+            for w in chunks:
+                spent, last_row = self._chunk(w, start, abort)
+                duration += spent
+                if last_row is None:  # the decodes are done and sampled: stop here
+                    return StepResult(duration, sampled, self._kept(chunks))
+                if w.sample is not None:  # a chunk at its prompt's end
+                    self._sample([w], sampled, last_row)
+                start += len(w.tokens)
         finally:
             if abort is not None:
                 self.ctx.arm_abort(None)
         return StepResult(duration_s=duration, sampled=sampled)
+
+    def _decode(self, start: int, n: int) -> float:
+        t0 = time.perf_counter()
+        rc = self.ctx.decode(self.batch.view(start, n))
+        spent = time.perf_counter() - t0
+        self._check(rc)
+        return spent
+
+    def _chunk(
+        self, w: SeqWork, start: int, abort: threading.Event | None
+    ) -> tuple[float, int | None]:
+        """Decode a prompt chunk: (seconds, its last row's index in the last call), or
+        (seconds, None) where the abort stopped it. With an abort flag it goes in the
+        micro-batches llama.cpp would split it into, each stopped mid-graph only where its
+        rollback is exact and leaves the sequence's earlier cells in place (`SwaRing`): a
+        stopped micro-batch that wrapped the sliding-window ring had already given up cells
+        the retry needs, and the sequence's next pass failed (`llama_decode` -1: its cells
+        ended before its computed prompt). Another micro-batch finishes first."""
+        n = len(w.tokens)
+        piece = n if abort is None else self.settings.n_ubatch
+        spent = 0.0
+        for off in range(0, n, piece):
+            m = min(piece, n - off)
+            if abort is not None:
+                if abort.is_set():
+                    return spent, None
+                stoppable = self.ring.abortable(w.seq_id, w.pos + off, m)
+                self.ctx.arm_abort(abort if stoppable else None)
+            t0 = time.perf_counter()
+            rc = self.ctx.decode(self.batch.view(start + off, m))
+            spent += time.perf_counter() - t0
+            if rc == 2 and abort is not None:
+                return spent, None
+            self._check(rc)
+        return spent, m - 1
 
     def _kept(self, chunks: list[SeqWork]) -> dict[int, int]:
         """Prompt tokens of each chunk in the KV cache after an abort: llama.cpp keeps the
@@ -302,7 +326,7 @@ class LlamaCppBackend(Backend):
             what = {1: "no KV slot for the batch", 2: "aborted"}.get(rc, "error")
             raise BackendError(f"llama_decode returned {rc} ({what})")
 
-    def _sample(self, group: list[SeqWork], sampled: dict[int, int]) -> None:
+    def _sample(self, group: list[SeqWork], sampled: dict[int, int], last_row: int = 0) -> None:
         """The tokens of a group that samples every row it computed: decodes (one token
         each), or a prompt chunk that ends its prompt. Greedy rows are read from the decode's
         outputs together, the others each by its own sampler. One row, the usual case, takes
@@ -316,7 +340,7 @@ class LlamaCppBackend(Backend):
             if s.greedy:
                 sampled[w.seq_id] = ctx.argmax_rows(1)[0]
             else:
-                sampled[w.seq_id] = self._sampler(w.seq_id, s).sample(ctx, len(w.tokens) - 1)
+                sampled[w.seq_id] = self._sampler(w.seq_id, s).sample(ctx, last_row)
             return
         greedy = (
             ctx.argmax_rows(len(group)) if any(w.sample and w.sample.greedy for w in group) else []

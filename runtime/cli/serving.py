@@ -19,6 +19,13 @@ API_KEY_ENV = "EDGEPREFILL_API_KEY"
 
 
 def server_options() -> Any:
+    def apply(f: Any) -> Any:
+        return _serve_group()(_limits_group()(f))
+
+    return apply
+
+
+def _serve_group() -> Any:
     return cloup.option_group(
         "Serve",
         option("--host", "127.0.0.1", "address to listen on"),
@@ -38,6 +45,30 @@ def server_options() -> Any:
         ),
         option("--policy policy_spec", DEFAULT_POLICY, "prefill budget policy, as for `run`"),
         option("--served-model-name", help="the model id clients send [default: file name]"),
+        option(
+            "--parse-special",
+            False,
+            "read the model's control tokens (e.g. <start_of_turn>) in chat text; off, "
+            "they are plain text a user cannot forge turns with",
+            is_flag=True,
+        ),
+        option(
+            "--cancel-on-shutdown",
+            False,
+            "at Ctrl-C or SIGTERM end the requests in flight at once, rather than finish them",
+            is_flag=True,
+        ),
+        option(
+            "--results",
+            help="write requests.jsonl, iterations.jsonl and summary.json here, as `run` does",
+            type=click.Path(file_okay=False, path_type=Path),
+        ),
+    )
+
+
+def _limits_group() -> Any:
+    return cloup.option_group(
+        "Server limits",
         option(
             "--max-queue",
             help="most chats waiting for a sequence; past it 429 with Retry-After "
@@ -62,24 +93,6 @@ def server_options() -> Any:
             256,
             "finished documents kept answerable by id, the least recently used forgotten",
             type=click.IntRange(0),
-        ),
-        option(
-            "--parse-special",
-            False,
-            "read the model's control tokens (e.g. <start_of_turn>) in chat text; off, "
-            "they are plain text a user cannot forge turns with",
-            is_flag=True,
-        ),
-        option(
-            "--cancel-on-shutdown",
-            False,
-            "at Ctrl-C or SIGTERM end the requests in flight at once, rather than finish them",
-            is_flag=True,
-        ),
-        option(
-            "--results",
-            help="write requests.jsonl, iterations.jsonl and summary.json here, as `run` does",
-            type=click.Path(file_okay=False, path_type=Path),
         ),
     )
 

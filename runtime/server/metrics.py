@@ -36,17 +36,7 @@ class ServerMetrics:
             "chunk handed to the connection",
             buckets=DELIVERY_BUCKETS, registry=r,
         )  # fmt: skip
-        self.waiting = Gauge(
-            "edgeprefill_requests_waiting", "requests not admitted yet", ["cls"], registry=r
-        )
-        self.running = Gauge(
-            "edgeprefill_requests_running", "requests holding a sequence", ["cls"], registry=r
-        )
-        self.budget = Gauge(
-            "edgeprefill_prefill_budget_tokens",
-            "the policy's last prefill budget (-1: unlimited)",
-            registry=r,
-        )
+        self._state_gauges(r)
         self.preemptions = Counter(
             "edgeprefill_preemptions", "document prompt passes stopped for a chat", registry=r
         )
@@ -70,12 +60,6 @@ class ServerMetrics:
             "nothing measures it",
             ["device", "source"], registry=r,
         )  # fmt: skip
-        self.kv_reserved = Gauge(
-            "edgeprefill_kv_cells_reserved",
-            "KV cells held for the requests admitted (prompt and answer), read at each scrape; "
-            "0 once every request has ended",
-            registry=r,
-        )
         self._tdp_w: float | None = None
         self._last_sample: dict[str, Any] | None = None
         self._joules: dict[tuple[str, str], float] = {}  # (device, source) -> since start
@@ -83,6 +67,26 @@ class ServerMetrics:
         for cls in CLASSES:  # every series present from the start
             self.waiting.labels(cls).set(0)
             self.running.labels(cls).set(0)
+
+    def _state_gauges(self, r: CollectorRegistry) -> None:
+        """What the engine holds now: queues, the last budget, reserved KV cells."""
+        self.waiting = Gauge(
+            "edgeprefill_requests_waiting", "requests not admitted yet", ["cls"], registry=r
+        )
+        self.running = Gauge(
+            "edgeprefill_requests_running", "requests holding a sequence", ["cls"], registry=r
+        )
+        self.budget = Gauge(
+            "edgeprefill_prefill_budget_tokens",
+            "the policy's last prefill budget (-1: unlimited)",
+            registry=r,
+        )
+        self.kv_reserved = Gauge(
+            "edgeprefill_kv_cells_reserved",
+            "KV cells held for the requests admitted (prompt and answer), read at each scrape; "
+            "0 once every request has ended",
+            registry=r,
+        )
 
     def iteration(self, it: Iteration, queues: dict[str, tuple[int, int]]) -> None:
         self.budget.set(-1 if it.plan.budget is None else it.plan.budget)

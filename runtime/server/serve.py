@@ -13,6 +13,7 @@ from typing import Any
 from edgeprefill.runtime.api.runtime import Runtime
 from edgeprefill.runtime.core.contract import Backend
 from edgeprefill.runtime.core.driver import SchedulingBackend
+from edgeprefill.runtime.core.engine import Engine
 from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.scheduler import BackgroundLimits
 from edgeprefill.runtime.runner.signals import on_stop_signals
@@ -70,9 +71,8 @@ def build(
         backend, policy, profile=profile, limits=limits, results=results,
         on_iteration=on_iteration, on_end=metrics.ended,
     )  # fmt: skip
-    scheduler = getattr(rt.engine, "scheduler", None)  # llama.cpp's; vLLM keeps its own
-    if scheduler is not None:
-        n_ctx = backend.capacity.n_ctx
+    if isinstance(rt.engine, Engine):  # the runtime's own; vLLM keeps its own KV account
+        scheduler, n_ctx = rt.engine.scheduler, rt.engine.backend.capacity.n_ctx
         metrics.kv_reserved.set_function(lambda: n_ctx - scheduler.kv_free)
     sampler = None
     if telemetry is not None:
