@@ -103,31 +103,69 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_a_full_disk_under_results_stops_the_serve_command_with_1_and_its_summary(tmp_path):
-    """requests.jsonl on /dev/full: every write to it fails with ENOSPC, as on a full disk."""
-    out = tmp_path / "served"
+# `edgeprefill serve` whose device fails from the moment a flag file exists: the thinnest
+# layer (the backend's `execute`) raises, as a GPU or driver fault would.
+FAULTY_SERVE = """
+import os, sys
+from edgeprefill.backends.llamacpp.backend import LlamaCppBackend
+from edgeprefill.runtime.cli.main import main
+
+execute = LlamaCppBackend.execute
+
+def failing(self, *args, **kwargs):
+    if os.path.exists(os.environ["FAULT_FLAG"]):
+        raise RuntimeError("injected device fault")
+    return execute(self, *args, **kwargs)
+
+LlamaCppBackend.execute = failing
+main()
+"""
+
+
+@pytest.mark.parametrize("fault", ["device", "full disk"])
+def test_a_failing_engine_stops_the_serve_command_with_1_after_writing_its_results(
+    tmp_path, fault
+):
+    """The device raising, or requests.jsonl on /dev/full (every write fails with ENOSPC,
+    as on a full disk): the request that meets it ends with the reason, and the server
+    writes its summary and exits with 1, for a supervisor to restart it."""
+    out, flag = tmp_path / "served", tmp_path / "fail-now"
     out.mkdir()
-    (out / "requests.jsonl").symlink_to("/dev/full")
+    script = tmp_path / "faulty_serve.py"
+    script.write_text(FAULTY_SERVE)
+    if fault == "full disk":
+        (out / "requests.jsonl").symlink_to("/dev/full")
     port = free_port()
-    command = [sys.executable, "-m", "edgeprefill.runtime.cli.main", "serve"]
-    command += ["--port", str(port), "--policy", "static:64", "--calibration", "none"]
-    command += ["--n-ctx", "2048", "--n-seq-max", "2", "--results", str(out)]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command = [sys.executable, str(script), "serve", "--port", str(port), "--policy", "static:64"]
+    command += ["--calibration", "none", "--n-ctx", "2048", "--n-seq-max", "2"]
+    command += ["--results", str(out)]
+    env = {**os.environ, "FAULT_FLAG": str(flag)}
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    proc = subprocess.Popen(command, env=env, **pipes)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: proc.poll() is not None or _healthy(base), 300, 0.5)
         first = httpx.post(f"{base}/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
-        assert first.status_code == 200  # answered; recording it is what failed
+        assert first.status_code == 200  # answered (on a full disk, recording it failed)
+        if fault == "device":
+            flag.touch()
+            failed = httpx.post(f"{base}/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
+            assert failed.status_code == 503 and "injected device fault" in failed.text
         _, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
+    reason = "RuntimeError: injected device fault" if fault == "device" else "OSError"
     assert proc.returncode == 1, stderr
     last = stderr.strip().splitlines()[-1]
-    assert last.startswith("edgeprefill: error: the engine failed: OSError"), stderr
-    assert "No space left on device" in last and "Traceback" not in stderr.split("\n")[-5:]
+    assert last.startswith(f"edgeprefill: error: the engine failed: {reason}"), stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert "No space left on device" in summary["failure"]
+    assert reason in summary["failure"]
+    if fault == "full disk":
+        assert "No space left on device" in last
+    else:
+        assert summary["accounting"]["submitted"] == 2 == len(records(out))
+        assert summary["accounting"]["reconciled"] and summary["failed"] == 1
 
 
 def _healthy(base: str) -> bool:
