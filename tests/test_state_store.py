@@ -133,7 +133,7 @@ def test_an_unwritable_folder_or_a_full_disk_degrades_to_memory_only(tmp_path, c
 
     caplog.clear()
     with caplog.at_level(logging.WARNING), store(tmp_path / "kv") as s:
-        monkeypatch.setattr(Path, "open", full)
+        monkeypatch.setattr(os, "fdopen", full)  # the store writes through os.open/fdopen
         s.put(DOC, payload(1000))
         s.flush()  # the writer met the full disk
         monkeypatch.undo()
