@@ -8,12 +8,16 @@ import asyncio
 import threading
 
 from edgeprefill.runtime.api.handle import RequestHandle
+from edgeprefill.runtime.api.handover import Handover
 from edgeprefill.runtime.core.request import Request
 
 
-def handle(i: int) -> RequestHandle:
+def handle(i: int, handover: Handover | None = None) -> RequestHandle:
     return RequestHandle(
-        Request(f"r{i}", "foreground", 0.0, [1, 2], 4), lambda t: b"ab", lambda: None
+        Request(f"r{i}", "foreground", 0.0, [1, 2], 4),
+        lambda t: b"ab",
+        lambda: None,
+        handover or Handover(),
     )
 
 
@@ -23,7 +27,9 @@ def emit(h: RequestHandle, tokens: int) -> None:
         h.request.output.append(7)
         h.request.token_times_s.append(1.0)
         h._catch_up()
+        h._handover.flush()
     h._end()
+    h._handover.flush()
 
 
 def test_twenty_async_streams_wait_without_a_thread_each_and_lose_nothing():
@@ -49,3 +55,66 @@ def test_twenty_async_streams_wait_without_a_thread_each_and_lose_nothing():
     grew, out = asyncio.run(main())
     assert grew == 0
     assert out[:-1] == [["ab"] * 3] * 20 and out[-1] == ["ab", "ab"]
+
+
+def test_the_engine_waits_until_the_event_loop_has_run_every_stream_it_woke():
+    """One hand-over for twenty streams: when `flush` returns, every consumer has taken its
+    piece (a server has written its chunk), so no stream's HTTP work is left to run beside
+    the next device call."""
+    handover = Handover(max_wait_s=5.0)
+    handles = [handle(i, handover) for i in range(20)]
+    taken: list[list[str]] = [[] for _ in handles]
+
+    async def consume(i: int) -> None:
+        async for piece in handles[i]:
+            taken[i].append(piece.text)
+
+    def engine() -> list[tuple[int, bool]]:
+        seen = []
+        for _ in range(3):
+            for h in handles:
+                h.request.output.append(7)
+                h.request.token_times_s.append(1.0)
+                h._catch_up()
+            record = handover.flush()
+            assert record is not None
+            seen.append((sum(map(len, taken)), record.complete))
+        for h in handles:
+            h._end()
+        handover.flush()
+        return seen
+
+    async def main() -> list[tuple[int, bool]]:
+        tasks = [asyncio.create_task(consume(i)) for i in range(len(handles))]
+        for _ in range(5):
+            await asyncio.sleep(0)
+        seen = await asyncio.to_thread(engine)
+        await asyncio.gather(*tasks)
+        return seen
+
+    assert asyncio.run(main()) == [(20, True), (40, True), (60, True)]
+
+
+def test_a_busy_event_loop_delays_the_engine_only_up_to_the_bound_and_is_counted():
+    handover = Handover(max_wait_s=0.05)
+    h = handle(0, handover)
+
+    async def main() -> tuple[float, bool, int]:
+        task = asyncio.create_task(anext(aiter(h)))
+        await asyncio.sleep(0)
+        # The engine hands a token over while the loop is stuck for 0.5 s.
+        asyncio.get_running_loop().call_soon(threading.Event().wait, 0.5)
+        h.request.output.append(7)
+        h.request.token_times_s.append(1.0)
+        h._catch_up()
+        record = await asyncio.to_thread(handover.flush)
+        with handover.computing():
+            await task
+            handover.written()  # the chunk is written while the device computes
+        assert record is not None
+        late = handover.flush()
+        return record.wait_s, record.complete, late.late_writes if late else -1
+
+    waited, complete, late = asyncio.run(main())
+    assert waited < 0.3 and not complete
+    assert late == 1

@@ -222,3 +222,53 @@ def test_a_signal_during_shutdown_keeps_finished_requests_and_marks_the_run(
     assert summary["interrupted"] and summary["accounting"]["reconciled"]
     assert [r["error"] for r in requests] == [None, "interrupted", "interrupted"]
     assert not list(kv_cache_folder.glob("*.tmp*"))
+
+
+ONE_TEAM = """
+import os, sys, threading
+from pathlib import Path
+from contextlib import closing
+from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
+from edgeprefill.backends.llamacpp.native import release_openmp_threads
+from edgeprefill.runtime import Runtime
+from edgeprefill.runtime.runner.calibration import probe_device
+
+def native_threads():  # threads started since `before` that Python did not start
+    now = {int(t) for t in os.listdir("/proc/self/task")}
+    return len(now - before - {t.native_id for t in threading.enumerate()})
+
+config = LlamaCppConfig(model=Path(sys.argv[1]), n_ctx=2048, n_threads=2, n_seq_max=2)
+before = {int(t) for t in os.listdir("/proc/self/task")}
+with closing(LlamaCppBackend(config)) as be:
+    print(native_threads())  # after the batch-shape probe (measured or read)
+    probe_device(be)  # graphs on this thread start its team
+    print(native_threads())
+    release_openmp_threads()
+    print(native_threads())
+    with Runtime(be, "cadence") as rt:  # probes the device again, on its engine thread
+        rt.chat([{"role": "user", "content": "Hello"}], max_tokens=4).result(120)
+        print(native_threads())
+"""
+
+
+def test_every_graph_of_a_runtime_runs_from_its_engine_thread(model_path):
+    """llama.cpp built with OpenMP keeps a team of worker threads for each thread that ran a
+    graph; a second team idle beside the engine's made libgomp's barriers sleep instead of
+    spin, and under `serve` a one-row decode took 24 ms against 17 ms (history, section F).
+    So a runtime probes the device on its engine thread, and a probe run on another thread
+    releases its team: at 2 threads the process holds one llama.cpp worker thread, where
+    OpenMP is used at all."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", ONE_TEAM, str(model_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    ).stdout.split()
+    after_shapes, after_probe, released, serving = map(int, out)
+    assert after_shapes == 0
+    assert after_probe in (0, 1) and released == 0
+    assert serving == after_probe  # the engine thread's team only

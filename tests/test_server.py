@@ -237,6 +237,41 @@ def test_32_concurrent_streams_end_once_each_and_background_prompts_never_ride_w
     assert any(i["n_prefill_background"] for i in iterations)
 
 
+def test_streamed_tokens_cross_once_an_iteration_and_are_written_between_device_calls(
+    make_backend, tmp_path
+):
+    """The serving design's rule, read from the server's own iterations.jsonl: an
+    iteration's tokens reach the event loop in one hand-over for every stream, and the
+    engine waits for them to be written before its next device call, so the HTTP work never
+    takes a core from llama.cpp's compute threads (history, section F). /metrics counts the
+    same hand-overs."""
+    import asyncio
+
+    out = tmp_path / "served"
+    auth = {"Authorization": f"Bearer {KEY}"}
+
+    async def one(c: httpx.AsyncClient, i: int) -> int:
+        body = {"prompt": f"Story {i}: once upon a time", "max_tokens": 24, "stream": True}
+        async with c.stream("POST", "/v1/completions", json={**body, "ignore_eos": True}) as r:
+            lines = [line[6:] async for line in r.aiter_lines() if line.startswith("data: {")]
+        return sum(bool(c["text"]) for x in lines for c in json.loads(x)["choices"])
+
+    async def clients() -> list[int]:
+        async with httpx.AsyncClient(base_url=base, headers=auth, timeout=600) as c:
+            return await asyncio.gather(*(one(c, i) for i in range(6)))
+
+    with serving(make_backend, n_seq_max=8, results=out) as (base, _):
+        chunks = sum(asyncio.run(clients()))
+        metrics = httpx.get(f"{base}/metrics", headers=auth).text
+    iterations = [json.loads(x) for x in (out / "iterations.jsonl").read_text().splitlines()]
+    handed = [i["handover"] for i in iterations if "handover" in i]
+    assert sum(h["events"] for h in handed) >= 6 * 24  # every token crossed in a hand-over
+    assert max(h["streams"] for h in handed) >= 4  # one wake-up for several streams
+    late = sum(h["late_writes"] for h in handed)
+    assert chunks >= 6 * 20 and late <= 0.05 * chunks, (late, chunks)
+    assert f"edgeprefill_handovers_total {float(len(handed))}" in metrics
+
+
 def test_metrics_report_energy_per_token_where_rapl_measures_it(make_backend, tmp_path):
     """RAPL is the thin layer no machine here has: a fake powercap tree whose counter the
     test moves by 2 J while 4 tokens are generated."""

@@ -8,13 +8,15 @@ import pytest
 pytest.importorskip("fastapi")
 
 from edgeprefill.runtime.api.handle import RequestHandle  # noqa: E402
+from edgeprefill.runtime.api.handover import Handover  # noqa: E402
 from edgeprefill.runtime.core.request import Request  # noqa: E402
 from edgeprefill.runtime.server.documents import Documents  # noqa: E402
 from edgeprefill.runtime.server.errors import ApiError  # noqa: E402
 
 
 def document(i: int, finished: bool) -> RequestHandle:
-    handle = RequestHandle(Request(f"doc-{i}", "background", 0.0, [1, 2, 3], 4), bytes, lambda: None)
+    request = Request(f"doc-{i}", "background", 0.0, [1, 2, 3], 4)
+    handle = RequestHandle(request, bytes, lambda: None, Handover())
     if finished:
         handle._end()
     return handle

@@ -81,6 +81,43 @@ def cpu_has_amx() -> bool:
         return False
 
 
+def release_openmp_threads() -> None:
+    """End the OpenMP worker threads the calling thread's `llama_decode` calls started.
+
+    llama.cpp built with OpenMP keeps a team of workers for each thread that ran a graph,
+    until that thread ends. A team left idle on one thread (a probe run before the engine
+    thread took over) makes libgomp count more threads than cores, and then every team's
+    barriers sleep instead of spinning: on 2 cores each compute thread slept ~5,000 times a
+    second and a one-row decode took 24 ms against 17 ms (benchmarks/history.md, section
+    F). `omp_pause_resource_all` (OpenMP 5) releases the caller's team; without OpenMP, or
+    on an older runtime, there is nothing to release."""
+    path = _loaded_library("libgomp") or _loaded_library("libomp")
+    if path is None:
+        return
+    try:
+        ctypes.CDLL(path).omp_pause_resource_all(1)  # omp_pause_soft
+    except (OSError, AttributeError):
+        pass
+
+
+def _loaded_library(stem: str) -> str | None:
+    """The path of a shared library this process has loaded whose name starts with `stem`
+    (a wheel may carry its own renamed copy), from /proc/self/maps; None elsewhere."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "/" in line}
+    except OSError:
+        return None
+    return next(
+        (
+            p
+            for p in sorted(paths)
+            if Path(p).name.startswith(stem + ".so") or Path(p).name.startswith(stem + "-")
+        ),
+        None,
+    )
+
+
 class Native:
     """Owns one object llama.cpp allocated, at `ptr`; `close()` frees it with `free` once
     (a second call, or one after a failed allocation, does nothing)."""

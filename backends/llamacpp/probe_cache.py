@@ -20,7 +20,7 @@ from typing import Any
 import llama_cpp as lc
 
 from edgeprefill.backends.cache import cache_dir
-from edgeprefill.backends.llamacpp.native import LlamaModel
+from edgeprefill.backends.llamacpp.native import LlamaModel, release_openmp_threads
 from edgeprefill.backends.llamacpp.probe import measure
 from edgeprefill.backends.llamacpp.shapes import AttentionFacts
 
@@ -117,6 +117,7 @@ def probe(
     )
     t0 = time.perf_counter()
     facts = measure(model, n_threads=n_threads, kv_unified=kv_unified)
+    release_openmp_threads()  # the engine may compute from another thread
     result = ProbeResult(
         facts, key, "measured", file, time.perf_counter() - t0, datetime.now(UTC).isoformat()
     )

@@ -30,10 +30,11 @@ from typing import Any, Literal
 
 from edgeprefill.runtime.api.chat_prompt import encode_chat
 from edgeprefill.runtime.api.handle import RequestHandle
+from edgeprefill.runtime.api.handover import Handover
 from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.contract import Backend
 from edgeprefill.runtime.core.driver import SchedulingBackend
-from edgeprefill.runtime.core.iteration import Iteration
+from edgeprefill.runtime.core.iteration import Advance, Iteration
 from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.request import (
     DEFAULT_TTFT_SLOWDOWN,
@@ -75,13 +76,12 @@ class Runtime:
         metrics); they must be quick."""
         self.backend = backend
         self.policy = parse_policy(policy) if isinstance(policy, str) else policy
-        if profile == "probe":
-            profile = probe_device(backend) if self.policy.required else None
-        self.engine = open_driver(backend, self.policy, limits, profile)
         self._writer = RunWriter(results) if results is not None else None
         self._on_iteration, self._on_end = on_iteration, on_end
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._handles: dict[str, RequestHandle] = {}
+        # Streamed tokens reach event loops once an iteration, between device calls.
+        self.handover = Handover()
         # Requests held back until the request they share a prefix with has read it.
         self._held: list[tuple[Request, Request]] = []  # (held, the one it waits for)
         self._ids = itertools.count()
@@ -93,8 +93,18 @@ class Runtime:
         self._writer_failed = False
         self._interrupted = False  # a signal stopped the shutdown's wait
         self._stopped = threading.Event()  # the engine thread's last act
-        self._thread = threading.Thread(target=self._loop, name="edgeprefill-engine", daemon=True)
+        ready = threading.Event()
+        failed: list[BaseException] = []
+        self._thread = threading.Thread(
+            target=self._run,
+            args=(profile, limits, ready, failed),
+            name="edgeprefill-engine",
+            daemon=True,
+        )
         self._thread.start()
+        ready.wait()
+        if failed:
+            raise failed[0]
 
     # --- requests in, from any thread ------------------------------------------------
     def submit(
@@ -141,7 +151,9 @@ class Runtime:
             ttft_slowdown=DEFAULT_TTFT_SLOWDOWN[cls] if ttft_slowdown == "class" else ttft_slowdown,
             share_prefix=share_prefix,
         )
-        handle = RequestHandle(req, self.backend.tokenizer.piece, lambda: self._cancel(req))
+        handle = RequestHandle(
+            req, self.backend.tokenizer.piece, lambda: self._cancel(req), self.handover
+        )
         after = None if after_prefix_of is None else after_prefix_of.request
         with self._lock:
             if self._closed:
@@ -171,9 +183,7 @@ class Runtime:
         is kept where the backend keeps prefixes: `ask(handle, question)` then computes only
         the question."""
         prompt, kept = self.index_prompt(document, instruction)
-        return self.submit(
-            prompt, max_tokens=max_tokens, cls="background", share_prefix=kept, **kw
-        )
+        return self.submit(prompt, max_tokens=max_tokens, cls="background", share_prefix=kept, **kw)
 
     def index_prompt(
         self, document: str | list[int], instruction: str = INDEX_INSTRUCTION
@@ -283,6 +293,32 @@ class Runtime:
         self.shutdown(cancel=exc_info[1] is not None)  # an exception: cancel what is in flight
 
     # --- the engine thread ------------------------------------------------------------
+    def _run(
+        self,
+        profile: DeviceProfile | Literal["probe"] | None,
+        limits: BackgroundLimits | None,
+        ready: threading.Event,
+        failed: list[BaseException],
+    ) -> None:
+        """The device is probed and the driver opened here, not on the caller's thread, so
+        that every llama.cpp graph runs from this one thread. llama.cpp built with OpenMP
+        keeps a team of worker threads for each thread that calls `llama_decode`; with a
+        second team idle, libgomp counts more threads than cores and its barriers sleep
+        instead of spinning: under `serve` on 2 cores each compute thread slept ~5,000 times
+        a second and a one-row decode took 24 ms against 17 ms in `run` (history, section
+        F)."""
+        try:
+            if profile == "probe":
+                profile = probe_device(self.backend) if self.policy.required else None
+            self.engine = open_driver(self.backend, self.policy, limits, profile)
+        except BaseException as e:
+            failed.append(e)
+            self._stopped.set()
+            return
+        finally:
+            ready.set()
+        self._loop()
+
     def _loop(self) -> None:
         stopping = False
         try:
@@ -291,19 +327,13 @@ class Runtime:
                 self._release_held()  # a document cancelled or failed between iterations
                 if not self.engine.has_work:
                     continue
-                advanced = self.engine.advance()
+                self.handover.flush()  # what cancels and refusals ended, before computing
+                with self.handover.computing():
+                    advanced = self.engine.advance()
                 if advanced is None:  # nothing could be planned: wait for a command, not spin
                     stopping |= self._drain(block=True)
                     continue
-                for it in advanced.iterations:
-                    if self._writer is not None:
-                        self._writer.iteration(it)
-                    if self._on_iteration is not None:
-                        _observe(self._on_iteration, it)
-                for handle in self._handles.values():
-                    handle._catch_up()
-                for req in advanced.finished:
-                    self._ended(req)
+                self._deliver(advanced)
                 self._release_held()
         except BaseException as e:
             self._fail(e)
@@ -311,13 +341,32 @@ class Runtime:
             try:
                 self._finish()
             finally:
+                self.handover.flush()
                 self._stopped.set()
+
+    def _deliver(self, advanced: Advance) -> None:
+        """Hand the iteration's tokens and ends over, then record the iteration with how
+        they were handed over."""
+        for handle in self._handles.values():
+            handle._catch_up()
+        for req in advanced.finished:
+            self._ended(req)
+        handed = self.handover.flush()
+        for it in advanced.iterations:
+            if handed is not None and it is advanced.iterations[-1]:
+                it.handover = handed.record()
+            if self._writer is not None:
+                self._writer.iteration(it)
+            if self._on_iteration is not None:
+                _observe(self._on_iteration, it)
 
     def _drain(self, block: bool) -> bool:
         """Apply queued commands; True once a stop was asked for."""
         stop = False
-        if block and self._writer is not None:
-            self._writer.flush()  # nothing runs until a command comes
+        if block:
+            self.handover.flush()
+            if self._writer is not None:
+                self._writer.flush()  # nothing runs until a command comes
         while True:
             try:
                 kind, arg = self._commands.get(block=block)

@@ -25,6 +25,8 @@ class Iteration:
     preempted: dict[str, Any] | None = None
     save_s: float | None = None  # copying saved prefixes after it (not in any host time)
     restore_s: float | None = None  # restoring saved prefixes at admission before it
+    # Its streamed tokens handed to a server's event loops after it (`api.handover`).
+    handover: dict[str, Any] | None = None
 
     def record(self) -> dict[str, Any]:
         return {
@@ -54,6 +56,7 @@ class Iteration:
             **({"preempted": self.preempted} if self.preempted else {}),
             **({"save_s": self.save_s} if self.save_s is not None else {}),
             **({"restore_s": self.restore_s} if self.restore_s is not None else {}),
+            **({"handover": self.handover} if self.handover is not None else {}),
         }
 
 

@@ -88,7 +88,9 @@ class Admission:
             )
         options: dict[str, Any] = {"cls": "background", "share_prefix": kept}
         return self._admit(
-            lambda: self.runtime.submit(prompt, max_tokens=max_tokens, request_id=doc_id, **options),
+            lambda: self.runtime.submit(
+                prompt, max_tokens=max_tokens, request_id=doc_id, **options
+            ),
             "background",
         )
 

@@ -95,6 +95,7 @@ class Routes:
 
     def _sent(self, stamp_s: float) -> None:
         self.metrics.delivery.observe(self.runtime.engine.clock.now() - stamp_s)
+        self.runtime.handover.written()
 
     async def health(self) -> Any:
         """200 while requests are taken; 503 with the reason once the engine failed (the
@@ -136,7 +137,9 @@ class Routes:
                 )
             handle = await self._ask(body, body.prompt)
         elif isinstance(body.prompt, str):
-            prompt = await self._off_loop(self.tokenizer.encode, body.prompt, add_bos=True, special=False)
+            prompt = await self._off_loop(
+                self.tokenizer.encode, body.prompt, add_bos=True, special=False
+            )
             handle = self.admission.submit(body, prompt)
         else:
             handle = self.admission.submit(body, body.prompt)

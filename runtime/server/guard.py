@@ -72,7 +72,11 @@ class Guard:
             return None
         given = headers.get(b"authorization", b"")
         if not secrets.compare_digest(given, self._bearer):
-            return 401, "missing or wrong API key (Authorization: Bearer KEY)", "authentication_error"
+            return (
+                401,
+                "missing or wrong API key (Authorization: Bearer KEY)",
+                "authentication_error",
+            )
         return None
 
     def _too_large(self) -> str:

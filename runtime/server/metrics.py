@@ -16,6 +16,7 @@ from edgeprefill.thermal.sampler import TelemetrySampler
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2, 5)
 DELIVERY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
+HANDOVER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05)
 
 
 class ServerMetrics:
@@ -36,6 +37,7 @@ class ServerMetrics:
             "chunk handed to the connection",
             buckets=DELIVERY_BUCKETS, registry=r,
         )  # fmt: skip
+        self._handover_metrics(r)
         self._state_gauges(r)
         self.preemptions = Counter(
             "edgeprefill_preemptions", "document prompt passes stopped for a chat", registry=r
@@ -68,6 +70,28 @@ class ServerMetrics:
             self.waiting.labels(cls).set(0)
             self.running.labels(cls).set(0)
 
+    def _handover_metrics(self, r: CollectorRegistry) -> None:
+        """How streamed tokens reach the event loop: once an iteration, between device
+        calls (`api.handover`)."""
+        self.handovers = Counter(
+            "edgeprefill_handovers",
+            "iterations whose streamed tokens were handed to the event loop, once each",
+            registry=r,
+        )
+        self.handover_wait = Histogram(
+            "edgeprefill_handover_wait_seconds",
+            "the engine's wait, between device calls, for the event loop to write an "
+            "iteration's chunks",
+            buckets=HANDOVER_BUCKETS,
+            registry=r,
+        )
+        self.late_writes = Counter(
+            "edgeprefill_chunks_written_during_compute",
+            "streamed chunks written while the device computed (the hand-over's bound ran "
+            "out: the event loop was busy)",
+            registry=r,
+        )
+
     def _state_gauges(self, r: CollectorRegistry) -> None:
         """What the engine holds now: queues, the last budget, reserved KV cells."""
         self.waiting = Gauge(
@@ -92,6 +116,10 @@ class ServerMetrics:
         self.budget.set(-1 if it.plan.budget is None else it.plan.budget)
         if it.preempted:
             self.preemptions.inc()
+        if it.handover is not None:
+            self.handovers.inc()
+            self.handover_wait.observe(it.handover["wait_s"])
+            self.late_writes.inc(it.handover["late_writes"])
         for cls, (waiting, running) in queues.items():
             self.waiting.labels(cls).set(waiting)
             self.running.labels(cls).set(running)

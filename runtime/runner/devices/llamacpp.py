@@ -52,6 +52,7 @@ def open_llamacpp(o: Options, work: ExpectedWork | None) -> Iterator[Opened]:
         ) from None
     from edgeprefill.backends.bundled_model import default_model_path
     from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
+    from edgeprefill.backends.llamacpp.native import release_openmp_threads
 
     # A command's saved prefixes live in a folder of its own unless one is named, so one
     # run never starts from what another left (see RunOptions.fresh_kv_cache).
@@ -80,7 +81,9 @@ def open_llamacpp(o: Options, work: ExpectedWork | None) -> Iterator[Opened]:
     )
     try:
         with LlamaCppBackend(config) as backend:
-            yield (lambda: backend), device_profile(o["calibration"], backend)
+            profile = device_profile(o["calibration"], backend)
+            release_openmp_threads()  # `serve` computes on its engine thread, not this one
+            yield (lambda: backend), profile
     finally:
         if scratch is not None:
             scratch.cleanup()
