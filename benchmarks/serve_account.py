@@ -4,7 +4,7 @@ process's threads (CPU time, and time runnable but waiting for a core, from
 shape from each one's iterations.jsonl. Rounds rotate the order.
 
     .venv/bin/python benchmarks/serve_account.py workloads/assistant_plus_indexer.yaml \
-        --out results/serve-account [--rounds 2] [--threads 2] [--serve-args ""] \
+        --out results/serve-account [--rounds 2] [--threads 2] [--engine-args ""] \
         [--other before=/tmp/before-ep]   # also serve another version, e.g. a worktree's
 
 Threads are named by role, not by name (Python 3.11 gives its threads no OS name): the main
@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -139,9 +140,10 @@ def outcome(summary: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def account_run(workload: Path, seed: int, threads: int, out: Path) -> dict[str, Any]:
+def account_run(workload: Path, seed: int, threads: int, out: Path, args: str) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "edgeprefill.runtime.cli.main", "run", "--backend", "llamacpp"]
     cmd += [str(workload), "--seed", str(seed), "--threads", str(threads), "--out", str(out)]
+    cmd += shlex.split(args)
     with (out.parent / f"{out.name}.log").open("w") as log:
         proc = subprocess.Popen([*cmd, "--no-progress", "--no-telemetry"], stdout=log, stderr=log)
         sampler = Sampler(proc.pid)
@@ -248,7 +250,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--serve-args", default="", help="more `edgeprefill serve` options")
+    ap.add_argument(
+        "--engine-args", default="", help="options for both, e.g. '--n-seq-max 40 --n-ctx 4096'"
+    )
     ap.add_argument(
         "--other",
         metavar="NAME=PATH",
@@ -265,9 +269,9 @@ def main() -> None:
             out.mkdir(parents=True, exist_ok=True)
             os.environ["PYTHONPATH"] = path
             if mode == "run":
-                res = account_run(args.workload, args.seed, args.threads, out)
+                res = account_run(args.workload, args.seed, args.threads, out, args.engine_args)
             else:
-                res = account_serve(args.workload, args.seed, args.threads, out, args.serve_args)
+                res = account_serve(args.workload, args.seed, args.threads, out, args.engine_args)
             results.append({"round": r, **res, "mode": mode})
             (args.out / "account.json").write_text(json.dumps(results, indent=1) + "\n")
     print(table(results), end="")
