@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 # A loop's own work per iteration is ~0.1 ms a stream (section F); 32 streams take ~3 ms.
@@ -38,13 +38,7 @@ class HandoverRecord:
     late_writes: int  # chunks written while the device computed, since the last hand-over
 
     def record(self) -> dict[str, Any]:
-        return {
-            "streams": self.streams,
-            "events": self.events,
-            "wait_s": self.wait_s,
-            "complete": self.complete,
-            "late_writes": self.late_writes,
-        }
+        return asdict(self)
 
 
 class Handover:
