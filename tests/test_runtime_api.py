@@ -272,3 +272,39 @@ def test_every_graph_of_a_runtime_runs_from_its_engine_thread(model_path):
     assert after_shapes == 0
     assert after_probe in (0, 1) and released == 0
     assert serving == after_probe  # the engine thread's team only
+
+
+CTRL_C_WHILE_PROBING = """
+import os, signal, sys, threading
+from contextlib import closing
+from pathlib import Path
+from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
+from edgeprefill.runtime import Runtime
+
+config = LlamaCppConfig(model=Path(sys.argv[1]), n_ctx=2048, n_threads=2, n_seq_max=2)
+with closing(LlamaCppBackend(config)) as be:
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        Runtime(be, "cadence")  # its device probe takes seconds
+    except KeyboardInterrupt:
+        print("interrupted")
+print("closed")
+"""
+
+
+def test_ctrl_c_while_a_runtime_probes_the_device_closes_the_backend_after_the_probe(
+    model_path,
+):
+    """The probe runs on the engine thread: Ctrl-C on the caller's thread must not let it
+    close the backend while the probe still computes on it (a crash, not an exit)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C_WHILE_PROBING, str(model_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["interrupted", "closed"]

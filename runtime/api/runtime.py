@@ -93,18 +93,34 @@ class Runtime:
         self._writer_failed = False
         self._interrupted = False  # a signal stopped the shutdown's wait
         self._stopped = threading.Event()  # the engine thread's last act
+        self._thread = self._start(profile, limits)
+
+    def _start(
+        self, profile: DeviceProfile | Literal["probe"] | None, limits: BackgroundLimits | None
+    ) -> threading.Thread:
+        """Start the engine thread and wait until it has probed the device and opened the
+        driver; raise what failed there. Ctrl-C meanwhile waits for the probe to end and the
+        thread to stop before it goes on: the caller then closes the backend, which the
+        probe must not be using."""
         ready = threading.Event()
         failed: list[BaseException] = []
-        self._thread = threading.Thread(
+        thread = threading.Thread(
             target=self._run,
             args=(profile, limits, ready, failed),
             name="edgeprefill-engine",
             daemon=True,
         )
-        self._thread.start()
-        ready.wait()
+        thread.start()
+        try:
+            ready.wait()
+        except BaseException:
+            ready.wait()
+            self.stop()
+            self._stopped.wait()
+            raise
         if failed:
             raise failed[0]
+        return thread
 
     # --- requests in, from any thread ------------------------------------------------
     def submit(
