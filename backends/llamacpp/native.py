@@ -88,7 +88,7 @@ def release_openmp_threads() -> None:
     until that thread ends. A team left idle on one thread (a probe run before the engine
     thread took over) makes libgomp count more threads than cores, and then every team's
     barriers sleep instead of spinning: on 2 cores each compute thread slept ~5,000 times a
-    second and a one-row decode took 24 ms against 17 ms (benchmarks/history.md, section
+    second and a one-row decode took 28-34 ms against 19 ms (benchmarks/history.md, section
     F). `omp_pause_resource_all` (OpenMP 5) releases the caller's team; without OpenMP, or
     on an older runtime, there is nothing to release."""
     path = _loaded_library("libgomp") or _loaded_library("libomp")

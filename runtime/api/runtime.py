@@ -321,7 +321,7 @@ class Runtime:
         keeps a team of worker threads for each thread that calls `llama_decode`; with a
         second team idle, libgomp counts more threads than cores and its barriers sleep
         instead of spinning: under `serve` on 2 cores each compute thread slept ~5,000 times
-        a second and a one-row decode took 24 ms against 17 ms in `run` (history, section
+        a second and a one-row decode took 28-34 ms against 19 ms in `run` (history, section
         F)."""
         try:
             if profile == "probe":
