@@ -91,7 +91,7 @@ def release_openmp_threads() -> None:
     second and a one-row decode took 28-34 ms against 19 ms (benchmarks/history.md, section
     F). `omp_pause_resource_all` (OpenMP 5) releases the caller's team; without OpenMP, or
     on an older runtime, there is nothing to release."""
-    path = _loaded_library("libgomp") or _loaded_library("libomp")
+    path = _loaded_library(("libgomp.so", "libgomp-", "libomp.so", "libomp-"))
     if path is None:
         return
     try:
@@ -100,22 +100,16 @@ def release_openmp_threads() -> None:
         pass
 
 
-def _loaded_library(stem: str) -> str | None:
-    """The path of a shared library this process has loaded whose name starts with `stem`
-    (a wheel may carry its own renamed copy), from /proc/self/maps; None elsewhere."""
+def _loaded_library(prefixes: tuple[str, ...]) -> str | None:
+    """The path of a shared library this process has loaded whose file name starts with one
+    of `prefixes` (a wheel may carry its own renamed copy), from /proc/self/maps; None
+    where there is none or no such file."""
     try:
         with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if "/" in line}
+            paths = sorted({line.split()[-1] for line in f if "/" in line})
     except OSError:
         return None
-    return next(
-        (
-            p
-            for p in sorted(paths)
-            if Path(p).name.startswith(stem + ".so") or Path(p).name.startswith(stem + "-")
-        ),
-        None,
-    )
+    return next((p for p in paths if Path(p).name.startswith(prefixes)), None)
 
 
 class Native:
