@@ -1,11 +1,12 @@
 """Where the time goes under `edgeprefill serve` beside `edgeprefill run` on one trace: each
 process's threads (CPU time, and time runnable but waiting for a core, from
 /proc/PID/task/*/stat and schedstat), the replay client's own CPU, and the iterations by
-shape from each one's iterations.jsonl. Rounds rotate the order.
+shape from each one's iterations.jsonl. Rounds rotate the order; each seed is a round's
+trace. The machine's steal time (a VM's lost cycles, /proc/stat) is read around each.
 
     .venv/bin/python benchmarks/serve_account.py workloads/assistant_plus_indexer.yaml \
-        --out results/serve-account [--rounds 2] [--threads 2] [--engine-args ""] \
-        [--other before=/tmp/before-ep]   # also serve another version, e.g. a worktree's
+        --out results/serve-account [--seeds 0 1 2] [--rounds 1] [--threads 2] \
+        [--engine-args ""] [--other before=/tmp/before-ep]   # also serve another version
 
 Threads are named by role, not by name (Python 3.11 gives its threads no OS name): the main
 thread is the server's event loop; the `--threads` busiest others are llama.cpp's compute
@@ -34,6 +35,12 @@ from llama_server import replay, trace, write_results
 from edgeprefill.runtime.traffic.workload import load_workload
 
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def steal_s() -> float:
+    """CPU time the hypervisor gave to others, all cores together, since boot."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    return int(fields[8]) * TICK_S
 
 
 def thread_stats(pid: int) -> dict[int, dict[str, float]]:
@@ -161,7 +168,7 @@ def account_run(workload: Path, seed: int, threads: int, out: Path, args: str) -
 def account_serve(workload: Path, seed: int, threads: int, out: Path, args: str) -> dict[str, Any]:
     requests = trace(load_workload(workload), seed, out)
     server_dir = out / "server"
-    options = f"--results {server_dir} --threads {threads} --no-progress {args}"
+    options = f"--results {server_dir} --threads {threads} --no-progress --no-telemetry {args}"
     server = ServeProcess(options, out / "server.log")
     sampler = Sampler(server.proc.pid)
     before = resource.getrusage(resource.RUSAGE_SELF)
@@ -212,6 +219,7 @@ def row(r: dict[str, Any]) -> list[str]:
         f"{loop['waiting_s']:.2f}",
         f"{t['other']['cpu_s']:.1f}",
         "-" if client is None else f"{client:.0f}",
+        f"{r['steal_s']:.1f}",
     ]
 
 
@@ -234,6 +242,7 @@ HEAD = [
     "loop runnable s",
     "other CPU s",
     "client us/token",
+    "steal s",
 ]
 
 
@@ -243,12 +252,27 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def ratios(results: list[dict[str, Any]]) -> str:
+    """Each mode against `run` of the same round, and their geometric mean over rounds."""
+    keys = ("fg_p99_itl_ms", "fg_mean_ttft_ms", "bg_makespan_s")
+    runs = {r["round"]: r for r in results if r["mode"] == "run"}
+    by_mode: dict[str, list[list[float]]] = {}
+    for r in results:
+        if r["mode"] != "run" and r["round"] in runs:
+            by_mode.setdefault(r["mode"], []).append([r[k] / runs[r["round"]][k] for k in keys])
+    lines = ["| mode / run | rounds | P99 ITL | mean TTFT | makespan |", "|---|---|---|---|---|"]
+    for mode, rows in by_mode.items():
+        means = [statistics.geometric_mean(col) for col in zip(*rows, strict=True)]
+        lines.append(f"| {mode} | {len(rows)} | " + " | ".join(f"x{m:.3f}" for m in means) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("workload", type=Path)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--rounds", type=int, default=1, help="per seed")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
         "--engine-args", default="", help="options for both, e.g. '--n-seq-max 40 --n-ctx 4096'"
@@ -263,18 +287,19 @@ def main() -> None:
     args = ap.parse_args()
     modes = [("run", ""), ("serve", ""), *(tuple(o.split("=", 1)) for o in args.other)]
     results = []
-    for r in range(args.rounds):
-        for mode, path in modes[r % len(modes) :] + modes[: r % len(modes)]:
-            out = args.out / f"{mode}-{r}"
+    rounds = [(seed, r) for r in range(args.rounds) for seed in args.seeds]
+    for i, (seed, r) in enumerate(rounds):
+        for mode, path in modes[i % len(modes) :] + modes[: i % len(modes)]:
+            out = args.out / f"{mode}-s{seed}-{r}"
             out.mkdir(parents=True, exist_ok=True)
             os.environ["PYTHONPATH"] = path
-            if mode == "run":
-                res = account_run(args.workload, args.seed, args.threads, out, args.engine_args)
-            else:
-                res = account_serve(args.workload, args.seed, args.threads, out, args.engine_args)
-            results.append({"round": r, **res, "mode": mode})
+            account = account_run if mode == "run" else account_serve
+            stolen = steal_s()
+            res = account(args.workload, seed, args.threads, out, args.engine_args)
+            res["steal_s"] = steal_s() - stolen
+            results.append({"round": f"{seed}/{r}", **res, "mode": mode})
             (args.out / "account.json").write_text(json.dumps(results, indent=1) + "\n")
-    print(table(results), end="")
+    print(table(results) + "\n" + ratios(results), end="")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ MAX_WAIT_S = 0.02
 class HandoverRecord:
     """One hand-over, as iterations.jsonl records it."""
 
-    streams: int  # event loops' consumers woken
+    streams: int  # event loops' consumers woken (one that ended: twice, token then end)
     events: int  # pieces and ends handed over
     wait_s: float  # the engine's wait for the loops to write them
     complete: bool  # every loop finished within the bound
@@ -38,6 +38,18 @@ class HandoverRecord:
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
+
+    def then(self, ends: HandoverRecord | None) -> HandoverRecord:
+        """This iteration's tokens' hand-over and then its ends', as one record."""
+        if ends is None:
+            return self
+        return HandoverRecord(
+            streams=self.streams + ends.streams,
+            events=self.events + ends.events,
+            wait_s=self.wait_s + ends.wait_s,
+            complete=self.complete and ends.complete,
+            late_writes=self.late_writes + ends.late_writes,
+        )
 
 
 class Handover:

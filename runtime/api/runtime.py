@@ -361,13 +361,17 @@ class Runtime:
                 self._stopped.set()
 
     def _deliver(self, advanced: Advance) -> None:
-        """Hand the iteration's tokens and ends over, then record the iteration with how
-        they were handed over."""
+        """Hand the iteration's tokens over, then record the requests that ended and hand
+        their ends over, then record the iteration with how its tokens were handed over.
+        Tokens go first: recording an ended request (its line in requests.jsonl, its gaps
+        in /metrics) took up to 1.4 ms, which every other stream's token waited for."""
         for handle in self._handles.values():
             handle._catch_up()
+        handed = self.handover.flush()
         for req in advanced.finished:
             self._ended(req)
-        handed = self.handover.flush()
+        ends = self.handover.flush()
+        handed = ends if handed is None else handed.then(ends)
         for it in advanced.iterations:
             if handed is not None and it is advanced.iterations[-1]:
                 it.handover = handed.record()
