@@ -363,8 +363,9 @@ class Runtime:
     def _deliver(self, advanced: Advance) -> None:
         """Hand the iteration's tokens over, then record the requests that ended and hand
         their ends over, then record the iteration with how its tokens were handed over.
-        Tokens go first: recording an ended request (its line in requests.jsonl, its gaps
-        in /metrics) took up to 1.4 ms, which every other stream's token waited for."""
+        Tokens go first: recording the requests that ended (their lines in requests.jsonl,
+        their gaps in /metrics) took 0.4-0.8 ms, which every other stream's token waited
+        for (benchmarks/history.md, section G)."""
         for handle in self._handles.values():
             handle._catch_up()
         handed = self.handover.flush()
