@@ -249,7 +249,11 @@ def test_generated_requests_never_get_a_5xx_and_leak_nothing(server, path, schem
     seen: list[int] = []
 
     @settings(
-        max_examples=170, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        max_examples=170,
+        deadline=None,
+        database=None,
+        derandomize=True,  # the same 170 cases each run: CI's verdict does not vary by draw
+        suppress_health_check=list(HealthCheck),
     )
     @given(body=_bodies(openapi, schema))
     def case(body: Any) -> None:
