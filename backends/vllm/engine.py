@@ -8,6 +8,7 @@ records from the scheduler mixin once each step's completed timing has arrived.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -58,6 +59,7 @@ class VllmEngine:
         self._live: dict[str, Request] = {}
         self._internal: dict[str, str] = {}  # our id -> vLLM's (it appends a suffix)
         self._external: dict[str, str] = {}  # vLLM's id -> ours
+        self.on_tokens: Callable[[], None] | None = None  # see `Driver.on_tokens`
         if step_limit is None and profile is not None:
             step_limit = StepLimit(profile)
         self.step_limit = step_limit
@@ -152,6 +154,8 @@ class VllmEngine:
                 del self._live[req.id]
                 self.scheduler.ep_ttft_targets.pop(self._internal[req.id], None)
                 finished.append(req)
+        if self.on_tokens is not None:
+            self.on_tokens()
         self._note_progress()
         iterations = [
             Iteration(

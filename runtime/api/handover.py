@@ -10,6 +10,11 @@ per stream) and waits, its cores idle, until the loop has run every stream they 
 request body) delays the next iteration by at most `max_wait_s`, and the chunks it writes
 while the device computes are counted (`late_writes`). Measured under `serve` on 2 cores
 (benchmarks/history.md, section F): a median wait of 0.6 ms, no late writes.
+
+Where the compute threads leave a core free (`--threads 1` on 2 cores) the loop writes on
+that core beside the graph, and the engine does not wait (`max_wait_s` 0): the wait was
+host time between device calls, which the cadence policy takes off a chat's prompt budget
+(a chat's first token x1.3 later than under `run`, history, sections G and C).
 """
 
 from __future__ import annotations
@@ -35,20 +40,20 @@ class HandoverRecord:
     wait_s: float  # the engine's wait for the loops to write them
     complete: bool  # every loop finished within the bound
     late_writes: int  # chunks written while the device computed, since the last hand-over
+    waits: bool  # the engine waits for the writes (its compute threads take every core)
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
 
-    def then(self, ends: HandoverRecord | None) -> HandoverRecord:
-        """This iteration's tokens' hand-over and then its ends', as one record."""
-        if ends is None:
-            return self
+    def then(self, later: HandoverRecord) -> HandoverRecord:
+        """Two hand-overs of one iteration (its tokens', then its ends'), as one record."""
         return HandoverRecord(
-            streams=self.streams + ends.streams,
-            events=self.events + ends.events,
-            wait_s=self.wait_s + ends.wait_s,
-            complete=self.complete and ends.complete,
-            late_writes=self.late_writes + ends.late_writes,
+            streams=self.streams + later.streams,
+            events=self.events + later.events,
+            wait_s=self.wait_s + later.wait_s,
+            complete=self.complete and later.complete,
+            late_writes=self.late_writes + later.late_writes,
+            waits=self.waits,
         )
 
 
@@ -71,6 +76,7 @@ class Handover:
         """Engine thread, before a device call: deliver what was put and wait (bounded)
         until each loop has run the consumers it woke. None if nothing was put and nothing
         written late since the last one."""
+        self._computing = False  # called between device calls, from within an advance too
         pending, self._pending = self._pending, {}
         with self._lock:
             late, self._late_writes = self._late_writes, 0
@@ -79,12 +85,13 @@ class Handover:
         t0 = time.perf_counter()
         written = []
         for loop, events in pending.items():
-            done = threading.Event()
+            done = threading.Event() if self.max_wait_s > 0 else None
             try:
                 loop.call_soon_threadsafe(_deliver, loop, events, done)
             except RuntimeError:  # that loop is closed: nobody is listening any more
                 continue
-            written.append(done)
+            if done is not None:
+                written.append(done)
         complete = all(
             done.wait(max(0.0, t0 + self.max_wait_s - time.perf_counter())) for done in written
         )
@@ -95,11 +102,13 @@ class Handover:
             wait_s=time.perf_counter() - t0,
             complete=complete,
             late_writes=late,
+            waits=self.max_wait_s > 0,
         )
 
     @contextmanager
     def computing(self) -> Iterator[None]:
-        """Engine thread: around the device calls."""
+        """Engine thread: around a driver's advance; its device call ends at the flush of
+        its tokens (`Driver.on_tokens`)."""
         self._computing = True
         try:
             yield
@@ -115,7 +124,7 @@ class Handover:
 def _deliver(
     loop: asyncio.AbstractEventLoop,
     events: list[tuple[asyncio.Queue[Any], Any]],
-    done: threading.Event,
+    done: threading.Event | None,
 ) -> None:
     """On the event loop: wake the consumers, then mark the hand-over done once they have
     run. Each woken consumer was scheduled by `put_nowait`, so a callback scheduled after
@@ -123,4 +132,5 @@ def _deliver(
     cannot take at once ends that step early: its chunk then counts as late)."""
     for queue, event in events:
         queue.put_nowait(event)
-    loop.call_soon(done.set)
+    if done is not None:
+        loop.call_soon(done.set)

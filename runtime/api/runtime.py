@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from edgeprefill.runtime.api.chat_prompt import encode_chat
 from edgeprefill.runtime.api.handle import RequestHandle
-from edgeprefill.runtime.api.handover import Handover
+from edgeprefill.runtime.api.handover import Handover, HandoverRecord
 from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.contract import Backend
 from edgeprefill.runtime.core.driver import SchedulingBackend
@@ -43,6 +43,7 @@ from edgeprefill.runtime.core.request import (
     SamplingParams,
 )
 from edgeprefill.runtime.core.scheduler import BackgroundLimits
+from edgeprefill.runtime.core.threads import leaves_a_core_free
 from edgeprefill.runtime.policies import DEFAULT_POLICY, parse_policy
 from edgeprefill.runtime.runner.calibration import probe_device
 from edgeprefill.runtime.runner.drivers import open_driver
@@ -82,6 +83,7 @@ class Runtime:
         self._handles: dict[str, RequestHandle] = {}
         # Streamed tokens reach event loops once an iteration, between device calls.
         self.handover = Handover()
+        self._handed: HandoverRecord | None = None  # this iteration's hand-overs so far
         # Requests held back until the request they share a prefix with has read it.
         self._held: list[tuple[Request, Request]] = []  # (held, the one it waits for)
         self._ids = itertools.count()
@@ -327,6 +329,9 @@ class Runtime:
             if profile == "probe":
                 profile = probe_device(self.backend) if self.policy.required else None
             self.engine = open_driver(self.backend, self.policy, limits, profile)
+            self.engine.on_tokens = self._hand_tokens
+            if leaves_a_core_free(getattr(self.backend, "n_threads", None)):
+                self.handover.max_wait_s = 0.0  # the loop writes on the free core
         except BaseException as e:
             failed.append(e)
             self._stopped.set()
@@ -360,19 +365,27 @@ class Runtime:
                 self.handover.flush()
                 self._stopped.set()
 
-    def _deliver(self, advanced: Advance) -> None:
-        """Hand the iteration's tokens over, then record the requests that ended and hand
-        their ends over, then record the iteration with how its tokens were handed over.
-        Tokens go first: recording the requests that ended (their lines in requests.jsonl,
-        their gaps in /metrics) took 0.4-0.8 ms, which every other stream's token waited
-        for (benchmarks/history.md, section G)."""
+    def _hand_tokens(self) -> None:
+        """Hand the tokens appended since the last call over to their streams; the driver
+        calls it as soon as an iteration's tokens are appended (`Driver.on_tokens`)."""
         for handle in self._handles.values():
             handle._catch_up()
         handed = self.handover.flush()
+        if handed is not None:
+            self._handed = handed if self._handed is None else self._handed.then(handed)
+
+    def _deliver(self, advanced: Advance) -> None:
+        """Record the requests that ended and hand their ends over, then record the
+        iteration with how its tokens were handed over. The tokens went before, from the
+        driver (`_hand_tokens`): recording the requests that ended (their lines in
+        requests.jsonl, their gaps in /metrics) took 0.4-0.8 ms, and the engine's own
+        bookkeeping after a device call up to 0.9 ms at P99, which every stream's token
+        waited for (benchmarks/history.md, sections G and C)."""
+        self._hand_tokens()  # any the driver appended after its call
         for req in advanced.finished:
             self._ended(req)
-        ends = self.handover.flush()
-        handed = ends if handed is None else handed.then(ends)
+        self._hand_tokens()
+        handed, self._handed = self._handed, None
         for it in advanced.iterations:
             if handed is not None and it is advanced.iterations[-1]:
                 it.handover = handed.record()

@@ -4,6 +4,7 @@ backend's own engine that schedules itself (vLLM) with the same policy objects."
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from edgeprefill.runtime.core.budget import BudgetPolicy
@@ -29,6 +30,10 @@ class RunClock:
 class Driver(Protocol):
     clock: Any
     policy: BudgetPolicy
+    # Set by a consumer of streamed tokens; called on the driver's thread once an
+    # iteration's tokens are appended to their requests, before the driver's own
+    # bookkeeping, which a streamed token would otherwise wait for (history, section C).
+    on_tokens: Callable[[], None] | None
 
     @property
     def has_work(self) -> bool: ...

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -72,6 +73,10 @@ class Engine:
         # holding only background prompt work stops soon after (on a backend that can).
         self._abort = threading.Event()
         self._abort_at: float | None = None
+        # Called once an iteration's tokens are appended, before the engine's own
+        # bookkeeping (saves, the policy's observation, the record): a server's streams
+        # get their tokens without waiting for it (see `Driver.on_tokens`).
+        self.on_tokens: Callable[[], None] | None = None
 
     @property
     def policy(self) -> BudgetPolicy:
@@ -117,9 +122,12 @@ class Engine:
             self._device_done = None  # idle until work arrives: not host overhead
             return None
         ran = self._execute(plan)
+        finished = self._update(ran)
+        if self.on_tokens is not None:
+            self.on_tokens()
+        save_s = None if ran.error is not None else self._save_prefixes(ran.plan)
         if ran.complete:
             self.planner.observe(ran.timing)
-        finished, save_s = self._update(ran)
         return self._record(t_start, ran, finished, restore_s, save_s)
 
     # --- the steps of one iteration -----------------------------------------------------
@@ -228,14 +236,12 @@ class Engine:
         }
         return done, work, record
 
-    def _update(self, ran: Executed) -> tuple[list[Request], float | None]:
+    def _update(self, ran: Executed) -> list[Request]:
         """Apply what ran: prompts advance, tokens append, finished requests end (all of an
-        iteration's requests fail when the backend refused it); then save the prefixes it
-        completed. Returns the requests that ended and the time the saves took."""
+        iteration's requests fail when the backend refused it). Returns those that ended."""
         if ran.error is not None:
-            return self.scheduler.fail_plan(ran.plan, ran.error), None
-        finished = self.scheduler.update(ran.plan, ran.sampled, ran.landed_s)
-        return finished, self._save_prefixes(ran.plan)
+            return self.scheduler.fail_plan(ran.plan, ran.error)
+        return self.scheduler.update(ran.plan, ran.sampled, ran.landed_s)
 
     def _record(
         self,
