@@ -21,7 +21,6 @@ def serving(
     policy: str = "static:64",
     n_seq_max: int = 4,
     server: dict[str, Any] | None = None,
-    n_threads: int = 0,
     **build_options: Any,
 ) -> Iterator[tuple[str, Runtime]]:
     """The app on 127.0.0.1 at a free port, with an API key and `server`'s other
@@ -31,7 +30,7 @@ def serving(
     from edgeprefill.runtime.server.guard import LOOPBACK_NAMES
     from edgeprefill.runtime.server.serve import build
 
-    be = make_backend(n_ctx=4096, n_seq_max=n_seq_max, batching="fast", n_threads=n_threads)
+    be = make_backend(n_ctx=4096, n_seq_max=n_seq_max, batching="fast")
     profile = "probe" if policy.startswith("cadence") else None
     options = ServerOptions(api_key=KEY, model_id="tiny", hosts=LOOPBACK_NAMES, **(server or {}))
     served = build(be, policy, profile=profile, options=options, **build_options)  # type: ignore[arg-type]

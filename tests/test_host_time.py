@@ -94,3 +94,28 @@ def test_every_moment_between_device_calls_is_counted_on_llama_cpp(make_backend)
     counted = sum(it.timing.duration_s for it in iterations) + sum(hosts)
     assert len(iterations) >= 64 and counted <= wall
     assert wall - counted < 2 * max(hosts)
+
+
+
+def test_a_chats_token_is_handed_over_before_the_engine_saves_a_document_or_observes():
+    """A server streams an iteration's tokens from `Engine.on_tokens`: a chat's token must
+    not wait for a document's prefix save (70 ms here) nor for the policy's bookkeeping."""
+    backend = SimBackend(COST, CAP)
+    backend.prefix_cache = SlowSaves(backend)
+    engine = Engine(backend, parse_policy("static:64"))
+    doc = Request("doc", "background", 0.0, list(range(10, 210)), 4, ignore_eos=True)
+    doc.share_prefix = 190
+    a = Request("a", "foreground", 0.0, list(range(10, 60)), 16, ignore_eos=True)
+    handed: list[tuple[float, int, object]] = []
+    engine.on_tokens = lambda: handed.append(
+        (backend.clock.now(), len(a.output), engine.planner.last)
+    )
+    iterations = drain(engine, [a, doc])
+    assert len(handed) == len(iterations)
+    for (at, n_out, observed), it in zip(handed, iterations, strict=True):
+        if a.id in it.plan.decode or a.id in it.plan.prefill:  # a token of the chat came
+            assert at == pytest.approx(a.token_times_s[n_out - 1], abs=1e-9)
+        assert observed is not it.timing  # the policy had not yet seen this iteration
+    saving = next(k for k, it in enumerate(iterations) if it.save_s is not None)
+    assert a.id in iterations[saving].plan.decode  # the chat's token came with the save
+    assert handed[saving][0] <= iterations[saving + 1].t_start_s - SAVE_S + 1e-9

@@ -9,12 +9,9 @@ per stream) and waits, its cores idle, until the loop has run every stream they 
 (written its chunks). The wait is bounded: a loop busy with something else (a large
 request body) delays the next iteration by at most `max_wait_s`, and the chunks it writes
 while the device computes are counted (`late_writes`). Measured under `serve` on 2 cores
-(benchmarks/history.md, section F): a median wait of 0.6 ms, no late writes.
-
-Where the compute threads leave a core free (`--threads 1` on 2 cores) the loop writes on
-that core beside the graph, and the engine does not wait (`max_wait_s` 0): the wait was
-host time between device calls, which the cadence policy takes off a chat's prompt budget
-(a chat's first token x1.3 later than under `run`, history, sections G and C).
+(benchmarks/history.md, section F): a median wait of 0.6 ms, no late writes. The engine
+waits even where its compute threads leave a core free (`--threads 1` on 2 cores): not
+waiting there gave the chats a worse P99 ITL and token delivery (section C).
 """
 
 from __future__ import annotations
@@ -40,7 +37,6 @@ class HandoverRecord:
     wait_s: float  # the engine's wait for the loops to write them
     complete: bool  # every loop finished within the bound
     late_writes: int  # chunks written while the device computed, since the last hand-over
-    waits: bool  # the engine waits for the writes (its compute threads take every core)
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,7 +49,6 @@ class HandoverRecord:
             wait_s=self.wait_s + later.wait_s,
             complete=self.complete and later.complete,
             late_writes=self.late_writes + later.late_writes,
-            waits=self.waits,
         )
 
 
@@ -85,13 +80,12 @@ class Handover:
         t0 = time.perf_counter()
         written = []
         for loop, events in pending.items():
-            done = threading.Event() if self.max_wait_s > 0 else None
+            done = threading.Event()
             try:
                 loop.call_soon_threadsafe(_deliver, loop, events, done)
             except RuntimeError:  # that loop is closed: nobody is listening any more
                 continue
-            if done is not None:
-                written.append(done)
+            written.append(done)
         complete = all(
             done.wait(max(0.0, t0 + self.max_wait_s - time.perf_counter())) for done in written
         )
@@ -102,7 +96,6 @@ class Handover:
             wait_s=time.perf_counter() - t0,
             complete=complete,
             late_writes=late,
-            waits=self.max_wait_s > 0,
         )
 
     @contextmanager
@@ -124,7 +117,7 @@ class Handover:
 def _deliver(
     loop: asyncio.AbstractEventLoop,
     events: list[tuple[asyncio.Queue[Any], Any]],
-    done: threading.Event | None,
+    done: threading.Event,
 ) -> None:
     """On the event loop: wake the consumers, then mark the hand-over done once they have
     run. Each woken consumer was scheduled by `put_nowait`, so a callback scheduled after
@@ -132,5 +125,4 @@ def _deliver(
     cannot take at once ends that step early: its chunk then counts as late)."""
     for queue, event in events:
         queue.put_nowait(event)
-    if done is not None:
-        loop.call_soon(done.set)
+    loop.call_soon(done.set)

@@ -43,7 +43,6 @@ from edgeprefill.runtime.core.request import (
     SamplingParams,
 )
 from edgeprefill.runtime.core.scheduler import BackgroundLimits
-from edgeprefill.runtime.core.threads import leaves_a_core_free
 from edgeprefill.runtime.policies import DEFAULT_POLICY, parse_policy
 from edgeprefill.runtime.runner.calibration import probe_device
 from edgeprefill.runtime.runner.drivers import open_driver
@@ -330,8 +329,6 @@ class Runtime:
                 profile = probe_device(self.backend) if self.policy.required else None
             self.engine = open_driver(self.backend, self.policy, limits, profile)
             self.engine.on_tokens = self._hand_tokens
-            if leaves_a_core_free(getattr(self.backend, "n_threads", None)):
-                self.handover.max_wait_s = 0.0  # the loop writes on the free core
         except BaseException as e:
             failed.append(e)
             self._stopped.set()

@@ -17,12 +17,3 @@ def lowest_thread_priority() -> None:
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-
-
-def leaves_a_core_free(n_threads: int | None) -> bool:
-    """Whether `n_threads` compute threads leave one of this process's CPUs to other work
-    (None: unknown, taken as all of them)."""
-    if n_threads is None:
-        return False
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return n_threads < (usable or 1)
