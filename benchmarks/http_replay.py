@@ -21,15 +21,18 @@ HTTP on the server's side and the client's, as a user's program sees them.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import shlex
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from llama_server import replay, run_meta, stop, trace, write_results
@@ -39,38 +42,47 @@ from edgeprefill.runtime.traffic.workload import load_workload
 
 
 class Endpoint:
-    """An OpenAI-compatible server's /v1/completions, one streamed request per call."""
+    """An OpenAI-compatible server's /v1/completions, one streamed request per call, read
+    through httpx (what many Python programs use)."""
 
     def __init__(self, url: str, model: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.model = model
         self.client = httpx.Client(timeout=httpx.Timeout(3600, connect=10))
 
-    def complete(self, req: Request, clock: Any) -> None:
-        body = {
+    def body(self, req: Request) -> dict[str, Any]:
+        return {
             "prompt": req.prompt, "max_tokens": req.max_tokens, "stream": True,
             "stream_options": {"include_usage": True}, "temperature": 0.0,
             "ignore_eos": req.ignore_eos, "priority": int(req.cls == "background"),
             **({"model": self.model} if self.model else {}),
         }  # fmt: skip
+
+    def lines(self, req: Request) -> Iterator[str]:
+        """The response's lines; fails `req` and yields nothing on a status other than 200."""
+        with self.client.stream("POST", f"{self.url}/v1/completions", json=self.body(req)) as r:
+            if r.status_code != 200:
+                req.fail(f"the server answered {r.status_code}: {r.read()[:200]!r}")
+                return
+            yield from r.iter_lines()
+
+    def complete(self, req: Request, clock: Any) -> None:
         times: list[float] = []
         n_tokens = None
-        with self.client.stream("POST", f"{self.url}/v1/completions", json=body) as resp:
-            if resp.status_code != 200:
-                req.fail(f"the server answered {resp.status_code}: {resp.read()[:200]!r}")
-                return
-            for line in resp.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[len("data: ") :])
-                now = clock()
-                if chunk.get("usage"):
-                    n_tokens = chunk["usage"]["completion_tokens"]
-                for choice in chunk.get("choices", []):
-                    if choice.get("text"):
-                        times.append(now)
-                    if choice.get("finish_reason"):
-                        req.finish_reason = choice["finish_reason"]
+        for line in self.lines(req):
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[len("data: ") :])
+            now = clock()
+            if chunk.get("usage"):
+                n_tokens = chunk["usage"]["completion_tokens"]
+            for choice in chunk.get("choices", []):
+                if choice.get("text"):
+                    times.append(now)
+                if choice.get("finish_reason"):
+                    req.finish_reason = choice["finish_reason"]
+        if req.error is not None:
+            return
         if req.finish_reason is None or n_tokens is None:
             req.fail("the stream ended without a finish reason and usage")
             return
@@ -78,6 +90,31 @@ class Endpoint:
         req.token_times_s.extend(times[:n_tokens])
         req.output.extend([0] * n_tokens)  # the count is what is compared, not the ids
         req.num_computed = req.prompt_len
+
+
+class LightEndpoint(Endpoint):
+    """The same requests through the standard library's `http.client` on a plain socket, a
+    connection per request: a lighter client than httpx (its CPU a token is in the
+    accounts of `serve_account.py`), so that the client takes less of the cores the server
+    and llama.cpp share."""
+
+    def lines(self, req: Request) -> Iterator[str]:
+        where = urlsplit(self.url)
+        conn = http.client.HTTPConnection(where.hostname or "", where.port, timeout=3600)
+        try:
+            body = json.dumps(self.body(req)).encode()
+            conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                req.fail(f"the server answered {resp.status}: {resp.read()[:200]!r}")
+                return
+            for raw in resp:
+                yield raw.decode().rstrip("\r\n")
+        finally:
+            conn.close()
+
+
+CLIENTS = {"httpx": Endpoint, "light": LightEndpoint}
 
 
 class ServeProcess:
@@ -134,6 +171,7 @@ def main() -> None:
     where.add_argument("--url", help="a server already listening, e.g. http://127.0.0.1:8080")
     where.add_argument("--serve", help="start `edgeprefill serve` with these options")
     ap.add_argument("--model", default=None, help="the model name to send [default: none]")
+    ap.add_argument("--client", choices=CLIENTS, default="httpx")
     args = ap.parse_args()
     spec = load_workload(args.workload)
     requests = trace(spec, args.seed, args.out)
@@ -141,7 +179,7 @@ def main() -> None:
     url = args.url or server.url  # type: ignore[union-attr]
     started = datetime.now(UTC)
     try:
-        duration = replay(Endpoint(url, args.model), requests)  # type: ignore[arg-type]
+        duration = replay(CLIENTS[args.client](url, args.model), requests)  # type: ignore[arg-type]
         delivery = server_delivery(url) if server is not None else None
     finally:
         if server is not None:

@@ -6,7 +6,10 @@ trace. The machine's steal time (a VM's lost cycles, /proc/stat) is read around 
 
     .venv/bin/python benchmarks/serve_account.py workloads/assistant_plus_indexer.yaml \
         --out results/serve-account [--seeds 0 1 2] [--rounds 1] [--threads 2] \
-        [--engine-args ""] [--other before=/tmp/before-ep]   # also serve another version
+        [--engine-args ""] [--other before=/tmp/before-ep] [--light]
+
+`--other` also serves another version of the code; `--light` also serves this one to
+`http_replay.py`'s lighter client (`http.client` instead of httpx).
 
 Threads are named by role, not by name (Python 3.11 gives its threads no OS name): the main
 thread is the server's event loop; the `--threads` busiest others are llama.cpp's compute
@@ -29,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from http_replay import Endpoint, ServeProcess, server_delivery
+from http_replay import Endpoint, LightEndpoint, ServeProcess, server_delivery
 from llama_server import replay, trace, write_results
 
 from edgeprefill.runtime.traffic.workload import load_workload
@@ -165,7 +168,9 @@ def account_run(workload: Path, seed: int, threads: int, out: Path, args: str) -
     }
 
 
-def account_serve(workload: Path, seed: int, threads: int, out: Path, args: str) -> dict[str, Any]:
+def account_serve(
+    workload: Path, seed: int, threads: int, out: Path, args: str, client: type[Endpoint] = Endpoint
+) -> dict[str, Any]:
     requests = trace(load_workload(workload), seed, out)
     server_dir = out / "server"
     options = f"--results {server_dir} --threads {threads} --no-progress --no-telemetry {args}"
@@ -173,7 +178,7 @@ def account_serve(workload: Path, seed: int, threads: int, out: Path, args: str)
     sampler = Sampler(server.proc.pid)
     before = resource.getrusage(resource.RUSAGE_SELF)
     try:
-        duration = replay(Endpoint(server.url), requests)  # type: ignore[arg-type]
+        duration = replay(client(server.url), requests)  # type: ignore[arg-type]
         delivery = server_delivery(server.url)
         after = resource.getrusage(resource.RUSAGE_SELF)
         seen = sampler.stop()
@@ -284,8 +289,14 @@ def main() -> None:
         default=[],
         help="also serve the edgeprefill package found at PATH (a PYTHONPATH), as NAME",
     )
+    ap.add_argument(
+        "--light",
+        action="store_true",
+        help="also serve this code to http_replay's lighter client (http.client), as light",
+    )
     args = ap.parse_args()
     modes = [("run", ""), ("serve", ""), *(tuple(o.split("=", 1)) for o in args.other)]
+    modes += [("light", "")] if args.light else []
     results = []
     rounds = [(seed, r) for r in range(args.rounds) for seed in args.seeds]
     for i, (seed, r) in enumerate(rounds):
@@ -294,8 +305,9 @@ def main() -> None:
             out.mkdir(parents=True, exist_ok=True)
             os.environ["PYTHONPATH"] = path
             account = account_run if mode == "run" else account_serve
+            extra = {"client": LightEndpoint} if mode == "light" else {}
             stolen = steal_s()
-            res = account(args.workload, seed, args.threads, out, args.engine_args)
+            res = account(args.workload, seed, args.threads, out, args.engine_args, **extra)
             res["steal_s"] = steal_s() - stolen
             results.append({"round": f"{seed}/{r}", **res, "mode": mode})
             (args.out / "account.json").write_text(json.dumps(results, indent=1) + "\n")
