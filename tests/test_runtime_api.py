@@ -281,6 +281,9 @@ from pathlib import Path
 from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
 from edgeprefill.runtime import Runtime
 
+# Ctrl-C as a terminal's user has it, whatever this process inherited: a shell's
+# background job (`make test &`) starts with SIGINT ignored, and Python then keeps it so.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 config = LlamaCppConfig(model=Path(sys.argv[1]), n_ctx=2048, n_threads=2, n_seq_max=2)
 with closing(LlamaCppBackend(config)) as be:
     execute, calls = be.execute, []

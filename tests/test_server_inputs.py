@@ -269,5 +269,5 @@ def test_generated_requests_never_get_a_5xx_and_leak_nothing(server, path, schem
     case()
     assert len(seen) >= 170
     counts = Counter(s < 300 for s in seen)
-    assert counts[True] >= 10 and counts[False] >= 50, Counter(seen)  # both kinds ran
+    assert counts[True] >= 5 and counts[False] >= 50, Counter(seen)  # both kinds ran
     settle(base, runtime, h)
