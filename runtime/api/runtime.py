@@ -378,7 +378,6 @@ class Runtime:
         requests.jsonl, their gaps in /metrics) took 0.4-0.8 ms, and the engine's own
         bookkeeping after a device call up to 0.9 ms at P99, which every stream's token
         waited for (benchmarks/history.md, sections G and C)."""
-        self._hand_tokens()  # any the driver appended after its call
         for req in advanced.finished:
             self._ended(req)
         self._hand_tokens()
