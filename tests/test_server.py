@@ -4,6 +4,7 @@ users run: the official `openai` client, httpx and curl."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 
@@ -393,6 +394,12 @@ def test_sigterm_with_requests_in_flight_keeps_the_finished_and_marks_the_rest(
     summary = json.loads((out / "summary.json").read_text())
     assert summary["accounting"]["submitted"] == 3 and summary["accounting"]["reconciled"]
     assert (out / "iterations.jsonl").read_text().count("\n") >= 3
+    # Compute threads that sleep soon after a graph, not spin through the hand-over of tokens
+    # (unless the user chose otherwise): recorded as the server's libgomp read it.
+    from edgeprefill.runtime.server.serve import SERVE_SPIN_COUNT
+
+    spin = os.environ.get("GOMP_SPINCOUNT", str(SERVE_SPIN_COUNT))
+    assert summary["backend"]["gomp_spincount"] == spin
 
 
 def test_the_serve_command_answers_curl_and_stops_cleanly_on_sigint(tmp_path):
@@ -425,3 +432,8 @@ def test_the_serve_command_answers_curl_and_stops_cleanly_on_sigint(tmp_path):
         capture_output=True, text=True,
     )  # fmt: skip
     assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+    sim = subprocess.run(
+        [sys.executable, *module, "serve", "--backend", "sim", "--cost-model", str(tmp_path)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert sim.returncode == 2 and "--backend sim cannot serve" in sim.stderr, sim.stderr

@@ -386,6 +386,8 @@ class LlamaCppBackend(Backend):
             "min_chunk": self.capacity.min_chunk,
             "chunk_quantum": self.capacity.chunk_quantum,
             "n_threads": self.n_threads,
+            # libgomp's spin before a waiting compute thread sleeps (None: its default)
+            "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
             "kv_unified": c.kv_unified,
             "swa_full": False,
             "preemption": self.ring.describe(),

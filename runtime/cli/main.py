@@ -88,10 +88,18 @@ def serve(**o: Any) -> None:
     If the engine fails, every request in flight ends with the reason, the results are
     written and the command exits with 1, for a supervisor to restart it."""
     from edgeprefill.runtime.policies import parse_policy
-    from edgeprefill.runtime.server.serve import build
+    from edgeprefill.runtime.server.serve import build, quiet_openmp_spin
     from edgeprefill.runtime.server.serve import serve as run_server
 
     parse_policy(o["policy_spec"])
+    if o["backend"] == "sim":
+        raise click.UsageError(
+            "--backend sim cannot serve: its clock is virtual (iteration times come from the "
+            "cost model); serve with --backend llamacpp or vllm, or replay a workload with "
+            "`edgeprefill run --backend sim`"
+        )
+    if o["backend"] == "llamacpp":
+        quiet_openmp_spin()  # before llama.cpp (and libgomp with it) loads
     options = run_options(o, progress=False)
     with open_device(o) as (make_backend, profile), make_backend() as backend:
         name = o["served_model_name"] or Path(backend.describe()["model"]).stem

@@ -4,6 +4,7 @@ runtime."""
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,6 +28,19 @@ log = logging.getLogger(__name__)
 # Telemetry samples a server holds in memory (10 minutes at the default period): /metrics
 # keeps a running energy total, and telemetry.jsonl, with --results, has them all.
 KEEP_SAMPLES = 3000
+
+# How long (GOMP_SPINCOUNT) llama.cpp's OpenMP compute threads spin, once a graph is done,
+# before they sleep. libgomp's default, 300,000 spins, kept a compute thread on a core
+# through each hand-over of tokens to the event loop: on 2 cores the loop and the clients
+# then shared one, and token delivery's P99 was 3.2-4.1 ms. At 1,000 it was 1.0-1.2 ms,
+# and decode-only iterations no slower (benchmarks/history.md, section AA).
+SERVE_SPIN_COUNT = 1000
+
+
+def quiet_openmp_spin() -> None:
+    """Shorten libgomp's spin for `serve`, unless GOMP_SPINCOUNT is set already. libgomp
+    reads it once, as it loads: call this before llama.cpp is first imported."""
+    os.environ.setdefault("GOMP_SPINCOUNT", str(SERVE_SPIN_COUNT))
 
 
 @dataclass
