@@ -71,12 +71,16 @@ bench-versus: setup
 
 # RESULTS.md, regenerated: llama-server and edgeprefill's policies on the default and bursty
 # workloads, SEEDS seeds back to back (20-45 min a seed on 2 cores, plus 5-9 min to build
-# llama-server once), then the page from the result folders (runs already there are kept).
+# llama-server once), then `serve` beside `run` and llama-server over HTTP on three traces
+# (~20 min a seed), then the page from the result folders (runs already there are kept; the
+# page is replaced only once it is written whole).
 SEEDS ?= 3
 results: setup
 	benchmarks/build_llamacpp_tools.sh $(BIN)/python
 	$(BIN)/python benchmarks/versus_server.py run --out results/versus --seeds $(SEEDS)
-	$(BIN)/python benchmarks/results_page.py results/versus > RESULTS.md
+	$(BIN)/python benchmarks/http_versus.py results/http --seeds $(SEEDS)
+	$(BIN)/python benchmarks/results_page.py results/versus --http results/http > RESULTS.md.new
+	mv RESULTS.md.new RESULTS.md
 
 clean:
 	rm -rf $(VENV) $(AVX2_VENV) results .pytest_cache

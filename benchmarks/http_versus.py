@@ -1,17 +1,22 @@
-"""`edgeprefill serve` against llama-server at its defaults, both over HTTP through the same
-driver (`http_replay.py`'s streamed `/v1/completions` client), on one workload's exact trace;
-seeds interleaved, the order rotated from seed to seed, ratios paired by seed.
+"""`edgeprefill serve` beside `edgeprefill run` and llama-server at its defaults, the two
+servers over HTTP through the same driver (`http_replay.py`'s streamed `/v1/completions`
+client), on each workload's exact trace: the default and bursty workloads and
+`benchmarks/chat_plus_documents.yaml` (a few chats beside ten documents, issue 40's kind of
+trace). Seeds interleaved, the order rotated from seed to seed, ratios paired by seed.
 
     benchmarks/build_llamacpp_tools.sh            # once: llama-server from the vendored source
-    .venv/bin/python benchmarks/http_versus.py results/http-versus [--seeds 3] [--table]
+    .venv/bin/python benchmarks/http_versus.py results/http [--seeds 3] [--threads 2] [--table]
 
-A run whose summary.json exists is kept (runs resume).
+A run whose summary.json exists is kept (runs resume). `make results` runs it and puts its
+tables in RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -25,12 +30,16 @@ from edgeprefill.runtime.traffic.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "build/llamacpp-tools/build/bin"
-WORKLOAD = "workloads/assistant_plus_indexer.yaml"
+WORKLOADS = (
+    "workloads/assistant_plus_indexer.yaml",
+    "workloads/assistant_bursty.yaml",
+    "benchmarks/chat_plus_documents.yaml",
+)
 # llama-server as benchmarks/llama_server.py starts it at its defaults: 4 slots sharing one
-# pool of 4 x 16384 cells, 2 threads.
-LLAMA_SERVER_ARGS = ["-t", "2", "-c", str(4 * 16384)]
-SERVE_ARGS = "--no-progress"
-CONFIGS = ("llama-server", "edgeprefill-serve")
+# pool of 4 x 16384 cells.
+LLAMA_SERVER_ARGS = ["-c", str(4 * 16384)]
+RUN, SERVE, SERVER = "edgeprefill-run", "edgeprefill-serve", "llama-server"
+CONFIGS = (RUN, SERVE, SERVER)
 # (label, class, summary key, format)
 COLUMNS = [
     ("fg P99 ITL ms", "foreground", "p99_itl_ms", "{:.0f}"),
@@ -41,24 +50,32 @@ COLUMNS = [
 ]
 
 
-def run_one(name: str, workload: Path, seed: int, out: Path, tools: Path, port: int) -> None:
+def run_one(name: str, workload: Path, seed: int, out: Path, tools: Path, threads: int) -> None:
     if (out / "summary.json").exists():
         return
-    print(f"[seed {seed}] {name}", flush=True)
+    print(f"[{workload.stem} seed {seed}] {name}", flush=True)
+    if name == RUN:
+        cmd = [sys.executable, "-m", "edgeprefill.runtime.cli", "run", "--backend", "llamacpp"]
+        cmd += [str(workload), "--seed", str(seed), "--out", str(out), "--threads", str(threads)]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with (out.parent / f"{name}.log").open("w") as log:
+            subprocess.run([*cmd, "--no-progress"], stdout=log, stderr=log, check=True)
+        return
     requests = trace(load_workload(workload), seed, out)
     started = datetime.now(UTC)
-    if name == "llama-server":
-        model = default_model_path()
-        server = Server(tools, model, port, LLAMA_SERVER_ARGS, out / "server.log")
-        url, label = f"http://127.0.0.1:{port}", "llama-server " + " ".join(LLAMA_SERVER_ARGS)
-        backend: dict[str, Any] = {"name": "llama-server", "args": LLAMA_SERVER_ARGS}
+    if name == SERVER:
+        args = ["-t", str(threads), *LLAMA_SERVER_ARGS]
+        server = Server(tools, default_model_path(), 18090, args, out / "server.log")
+        url, label = "http://127.0.0.1:18090", "llama-server " + " ".join(args)
+        backend: dict[str, Any] = {"name": SERVER, "args": args}
     else:
-        server = ServeProcess(SERVE_ARGS, out / "server.log")  # type: ignore[assignment]
-        url, label = server.url, f"edgeprefill serve {SERVE_ARGS}"
-        backend = {"name": "edgeprefill-serve", "args": SERVE_ARGS}
+        args_text = f"--no-progress --threads {threads}"
+        server = ServeProcess(args_text, out / "server.log")  # type: ignore[assignment]
+        url, label = server.url, f"edgeprefill serve {args_text}"
+        backend = {"name": SERVE, "args": args_text}
     try:
         duration = replay(Endpoint(url), requests)  # type: ignore[arg-type]
-        if name == "edgeprefill-serve":
+        if name == SERVE:
             backend["token_delivery"] = server_delivery(url)
     finally:
         server.close()
@@ -66,11 +83,13 @@ def run_one(name: str, workload: Path, seed: int, out: Path, tools: Path, port: 
     write_results(out, requests, duration, run_meta(backend, label, workload, seed, started), label)
 
 
-def run(out: Path, seeds: int, tools: Path) -> None:
+def run(out: Path, seeds: int, tools: Path, threads: int) -> None:
     for seed in range(seeds):
-        order = CONFIGS if seed % 2 == 0 else CONFIGS[::-1]
-        for name in order:
-            run_one(name, ROOT / WORKLOAD, seed, out / f"seed{seed}" / name, tools, 18090)
+        turn = seed % len(CONFIGS)
+        for workload in WORKLOADS:
+            for name in CONFIGS[turn:] + CONFIGS[:turn]:
+                where = out / Path(workload).stem / f"seed{seed}" / name
+                run_one(name, ROOT / workload, seed, where, tools, threads)
 
 
 def metric(s: dict[str, Any], cls: str, key: str) -> float | None:
@@ -78,14 +97,22 @@ def metric(s: dict[str, Any], cls: str, key: str) -> float | None:
     return None if value is None else float(value)
 
 
-def table(out: Path) -> str:
-    seeds = sorted(p for p in out.glob("seed*") if p.is_dir())
-    runs = {
-        s.name: {n: json.loads((s / n / "summary.json").read_text()) for n in CONFIGS}
-        for s in seeds
-        if all((s / n / "summary.json").exists() for n in CONFIGS)
-    }
-    head = ["seed", "server", *[c[0] for c in COLUMNS], "done", "delivery P99 ms <="]
+def tables(out: Path) -> str:
+    """Each workload's runs by seed, then serve against run and against llama-server."""
+    lines: list[str] = []
+    for workload in WORKLOADS:
+        folder = out / Path(workload).stem
+        runs = {
+            s.name: {n: json.loads((s / n / "summary.json").read_text()) for n in CONFIGS}
+            for s in sorted(p for p in folder.glob("seed*") if p.is_dir())
+            if all((s / n / "summary.json").exists() for n in CONFIGS)
+        }
+        lines += [f"### `{workload}`", "", *seed_rows(runs), "", *ratio_rows(runs), ""]
+    return "\n".join(lines)
+
+
+def seed_rows(runs: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    head = ["seed", "run", *[c[0] for c in COLUMNS], "done", "delivery P99 ms <="]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for seed, by_name in runs.items():
         for name, s in by_name.items():
@@ -98,18 +125,20 @@ def table(out: Path) -> str:
                 "-" if not d or d["p99_ms_at_most"] is None else f"{d['p99_ms_at_most']:g}"
             )
             lines.append("| " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "| edgeprefill serve against llama-server | " + " | ".join(c[0] for c in COLUMNS) + " |",
-    ]
-    lines.append("|" + "---|" * (len(COLUMNS) + 1))
-    cells = [f"{len(runs)} seeds, geometric mean [paired 95% interval of the change]"]
-    for _, cls, key, _ in COLUMNS:
-        ours = [metric(r["edgeprefill-serve"], cls, key) for r in runs.values()]
-        theirs = [metric(r["llama-server"], cls, key) for r in runs.values()]
-        cells.append(ratio_cell(ours, theirs))
-    lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def ratio_rows(runs: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """Geometric means over the seeds, with the paired 95% interval of the change."""
+    head = ["edgeprefill serve against", *[c[0] for c in COLUMNS]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for theirs in (RUN, SERVER):
+        cells = [f"{theirs} ({len(runs)} seed{'s' * (len(runs) != 1)})"]
+        for _, cls, key, _ in COLUMNS:
+            ours = [metric(r[SERVE], cls, key) for r in runs.values()]
+            cells.append(ratio_cell(ours, [metric(r[theirs], cls, key) for r in runs.values()]))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def main() -> None:
@@ -117,11 +146,12 @@ def main() -> None:
     ap.add_argument("out", type=Path, help="folder of the runs (kept runs are not made again)")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--tools", type=Path, default=TOOLS, help="folder with llama-server")
-    ap.add_argument("--table", action="store_true", help="only print the table of the runs")
+    ap.add_argument("--threads", type=int, default=2, help="compute threads of every run")
+    ap.add_argument("--table", action="store_true", help="only print the tables of the runs")
     args = ap.parse_args()
     if not args.table:
-        run(args.out, args.seeds, args.tools)
-    print(table(args.out), end="")
+        run(args.out, args.seeds, args.tools, args.threads)
+    print(tables(args.out), end="")
 
 
 if __name__ == "__main__":

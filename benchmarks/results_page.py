@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import http_versus
 from versus_server import COLUMNS, DEFAULT, POLICIES, SERVER, WORKLOADS, tables
 
 from edgeprefill.runtime.analysis.compare import metric, paired
@@ -94,7 +95,7 @@ def _load(run_dir: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def page(out: Path) -> str:
+def page(out: Path, http: Path | None = None) -> str:
     lines = [
         "# Results",
         "",
@@ -127,14 +128,29 @@ def page(out: Path) -> str:
             continue
         lines += [f"## `{workload}`", "", *headline(out, stem), ""]
     lines += ["## Tables", "", tables(out)]
+    if http is not None:
+        lines += ["## Over HTTP: `edgeprefill serve` beside `run` and llama-server", ""]
+        lines += [HTTP_INTRO, "", http_versus.tables(http)]
     return "\n".join(lines).rstrip() + "\n"
+
+
+HTTP_INTRO = (
+    "What an assistant pointed at the server meets (`benchmarks/http_versus.py`): each "
+    "workload's trace through `edgeprefill run` (in-process, no client), through "
+    "`edgeprefill serve` and through llama-server at its defaults, the two servers replayed "
+    "by one client (`benchmarks/http_replay.py`: httpx, streamed `/v1/completions`); per seed "
+    "the three run back to back, in an order rotated from seed to seed. Delivery P99 is the "
+    "server's own time from a token's device call to its chunk handed to the connection "
+    "(the bound of its /metrics histogram bucket)."
+)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path, help="the folder `versus_server.py run` wrote")
+    ap.add_argument("--http", type=Path, help="the folder `http_versus.py` wrote")
     args = ap.parse_args()
-    print(page(args.out), end="")
+    print(page(args.out, args.http), end="")
 
 
 if __name__ == "__main__":

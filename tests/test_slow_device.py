@@ -71,3 +71,28 @@ def test_at_one_thread_a_late_chat_prompt_progresses_in_every_iteration(tmp_path
             chat_tokens = sum(n for rid, n in it["prefill"].items() if rid.startswith("chat"))
             assert chat_tokens > 0, (start, late, it["decision"])
     assert late_iterations > 0  # the burst really made chats wait beside the others
+    _assert_reference_reported(chats, json.loads((out / "summary.json").read_text()))
+
+
+def _assert_reference_reported(chats: list[dict], summary: dict) -> None:
+    """summary.json's reference (issue 41) against one computed here, independently: the
+    chats' prompts alone, back to back in arrival order, each starting once it has arrived
+    and the prompt before it is done."""
+    ends: list[float] = []
+    for r in sorted(chats, key=lambda r: r["arrival_s"]):
+        start = max([r["arrival_s"], *ends[-1:]])
+        ends.append(start + r["ttft_alone_s"])
+    arrivals = sorted(r["arrival_s"] for r in chats)
+    reference = [end - arrival for end, arrival in zip(ends, arrivals, strict=True)]
+    by_arrival = sorted(chats, key=lambda r: r["arrival_s"])
+    ttft = [r["token_times_s"][0] - r["arrival_s"] for r in by_arrival]
+    reported = summary["foreground"]["ttft_attainment"]["relative"]["reference"]
+    assert reported["requests"] == len(chats)
+    assert abs(reported["mean_reference_ms"] - 1e3 * sum(reference) / len(chats)) < 1e-6
+    slowdowns = [r["ttft_slowdown"] for r in by_arrival]
+    within = zip(ttft, reference, slowdowns, strict=True)
+    assert reported["met"] == sum(t <= s * ref for t, ref, s in within)
+    worst = max(t / ref for t, ref in zip(ttft, reference, strict=True))
+    assert abs(reported["max_over_reference"] - worst) < 1e-9
+    # In a burst a chat's reference counts the prompts ahead of it: above its prompt alone.
+    assert reference[-1] > by_arrival[-1]["ttft_alone_s"]

@@ -90,6 +90,16 @@ def _attainment_lines(att: dict[str, Any] | None) -> list[str]:
         lines.append(f"{f'TTFT within {within} alone:':<34}{rel['met']:>10} / {rel['requests']:<9}")
         worst = rel["max_over_alone"]
         lines.append(f"{'Worst TTFT / its prompt alone:':<34}{_fmt(worst):>22}")
+        ref = rel.get("reference")
+        if ref is not None:  # the prompts ahead counted (a burst)
+            lines.append(
+                f"{f'TTFT within {within} reference:':<34}{ref['met']:>10} / {ref['requests']:<9}"
+            )
+            lines.append(
+                f"{'Worst TTFT / its reference:':<34}{_fmt(ref['max_over_reference']):>22}"
+            )
+            mean = ref["mean_ttft_over_mean_reference"]
+            lines.append(f"{'Mean TTFT / mean reference:':<34}{_fmt(mean):>22}")
     ab = (att or {}).get("absolute")
     if ab is not None:
         within = "/".join(f"{t:g}" for t in ab["targets_s"])
