@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -70,7 +71,9 @@ def run_one(name: str, workload: Path, seed: int, out: Path, tools: Path, thread
         backend: dict[str, Any] = {"name": SERVER, "args": args}
     else:
         args_text = f"--no-progress --threads {threads}"
-        server = ServeProcess(args_text, out / "server.log")  # type: ignore[assignment]
+        # Its own iterations.jsonl too (out/server), to see why a run was slow.
+        options = f"{args_text} --results {shlex.quote(str(out / 'server'))}"
+        server = ServeProcess(options, out / "server.log")  # type: ignore[assignment]
         url, label = server.url, f"edgeprefill serve {args_text}"
         backend = {"name": SERVE, "args": args_text}
     try:

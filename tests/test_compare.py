@@ -98,6 +98,38 @@ def test_sweep_on_the_simulated_backend(tmp_path, cost_model):
     assert got == pytest.approx(expected)
 
 
+def test_compare_on_several_cost_models_reports_each_device(tmp_path, cost_model):
+    """A slower device in the loop (issue 41): the same comparison on two cost models, the
+    second a device three times slower, each in its own folder and report."""
+    slow = tmp_path / "slow" / "cost_model.json"
+    slow.parent.mkdir()
+    save_profile(DeviceProfile(CostModel(0.06, 0.006, 0.009, 0.003), 0.07, 0.3, 2048, 8, "t"), slow)
+    out = tmp_path / "cmp"
+    res = subprocess.run(
+        [*CLI, "compare", str(ROOT / "workloads" / "assistant_plus_indexer.yaml"),
+         "--backend", "sim", "--cost-model", str(cost_model), "--cost-model", str(slow),
+         "--policies", "static:64,cadence", "--seeds", "1", "--out", str(out), "--no-progress"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("== cost model") == 2 and res.stdout.count("comparison: ") == 2
+    reports = {d: json.loads((out / d / "comparison.json").read_text()) for d in ("cm", "slow")}
+    assert all(r["outputs_agree"] and r["reconciled"] for r in reports.values())
+
+    def makespan(folder: str) -> float:
+        summary = json.loads((out / folder / "seed0" / "cadence" / "summary.json").read_text())
+        return summary["background"]["makespan_s"]
+
+    assert makespan("slow") > 1.5 * makespan("cm")  # each ran on its own device
+    one = subprocess.run(
+        [*CLI, "run", str(ROOT / "workloads" / "chat_only.yaml"), "--backend", "sim",
+         "--cost-model", str(cost_model), "--cost-model", str(slow), "--out", str(tmp_path / "o")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert one.returncode == 2 and one.stderr.count("\n") == 1, one.stderr
+    assert "only `compare` and `sweep` take several" in one.stderr
+
+
 def test_bad_sweep_and_compare_options_fail_cleanly(tmp_path, cost_model):
     chat_only = tmp_path / "w.yaml"
     data = yaml.safe_load((ROOT / "workloads" / "assistant_plus_indexer.yaml").read_text())

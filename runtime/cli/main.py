@@ -202,7 +202,36 @@ def sweep(burst_rates: str, **o: Any) -> None:
 
 
 def _compare(rates: list[float] | None, o: dict[str, Any]) -> None:
-    """`compare` (rates None) or `sweep` (a comparison at each burst rate)."""
+    """`compare` (rates None) or `sweep` (a comparison at each burst rate); on the
+    simulator given several cost models, one on each, in a folder of its own."""
+    models = o.get("cost_model") or ()
+    if len(models) > 1:
+        _compare_on_each(rates, o, models)
+        return
+    _compare_one(rates, o)
+
+
+def _compare_on_each(
+    rates: list[float] | None, o: dict[str, Any], models: tuple[Path, ...]
+) -> None:
+    """A slower device in the loop: the same comparison on every cost model given (each
+    checked before any runs), reported one after another."""
+    from edgeprefill.runtime.runner.calibration import load_profile
+
+    for model in models:
+        load_profile(model)
+    kind = "compare" if rates is None else "sweep"
+    out = o["out"] or Path("results") / f"{kind}-{datetime.now(UTC):%Y%m%d-%H%M%S}"
+    labels: list[str] = []
+    for model in models:
+        label = model.parent.name if model.stem == "cost_model" else model.stem
+        labels.append(label if label not in labels else f"{label}-{len(labels)}")
+    for label, model in zip(labels, models, strict=True):
+        click.echo(f"== cost model {model} ({out / label})")
+        _compare_one(rates, {**o, "cost_model": (model,), "out": out / label})
+
+
+def _compare_one(rates: list[float] | None, o: dict[str, Any]) -> None:
     import json
 
     from edgeprefill.runtime.analysis.compare import format_report, format_sweep

@@ -19,7 +19,8 @@ def open_sim(o: Options, work: ExpectedWork | None) -> Iterator[Opened]:
     from edgeprefill.runtime.core.contract import Capacity
     from edgeprefill.runtime.runner.calibration import load_profile, load_residuals
 
-    profile = load_profile(o["cost_model"])
+    (path,) = o["cost_model"]  # one a device; `compare` opens one for each it was given
+    profile = load_profile(path)
     if o["n_ubatch"] is not None and not 1 <= o["n_ubatch"] <= o["n_batch"]:
         raise UserError(
             f"`n_ubatch` must be between 1 and `n_batch` ({o['n_batch']}), got {o['n_ubatch']}"
@@ -37,15 +38,25 @@ def open_sim(o: Options, work: ExpectedWork | None) -> Iterator[Opened]:
         )
     except ValueError as e:
         raise UserError(str(e)) from None
-    noise = load_residuals(o["cost_model"]) if o["sim_noise"] == "measured" else ()
+    noise = load_residuals(path) if o["sim_noise"] == "measured" else ()
     # Every run draws the same noise sequence: paired runs meet the same stalls.
     yield (lambda: SimBackend(profile.cost, capacity, residuals=noise)), profile
 
 
+# The commands that take several cost models, one comparison on each.
+SEVERAL = ("compare", "sweep")
+
+
 def check(o: Options) -> None:
-    if o["cost_model"] is None:
+    if not o["cost_model"]:
         raise UserError(
             "--backend sim needs --cost-model FILE (write one with `edgeprefill calibrate RUN_DIR`)"
+        )
+    command = getattr(click.get_current_context(silent=True), "info_name", None)
+    if len(o["cost_model"]) > 1 and command not in SEVERAL:
+        raise UserError(
+            f"--cost-model was given {len(o['cost_model'])} times: `{command}` simulates one "
+            "device; only `compare` and `sweep` take several (a comparison on each)"
         )
     if o["thermal_aware"]:
         raise UserError("--thermal-aware needs telemetry from a real device, not --backend sim")
@@ -60,8 +71,10 @@ SIM = DEVICES.register("sim")(
         options=(
             option(
                 "--cost-model",
-                help="the simulated backend's cost model (from `edgeprefill calibrate`)",
+                help="the simulated backend's cost model (from `edgeprefill calibrate`); "
+                "`compare` and `sweep` take it repeated, and compare the policies on each",
                 type=click.Path(path_type=Path),
+                multiple=True,
             ),
             option(
                 "--sim-noise",
