@@ -105,12 +105,26 @@ def test_compare_on_several_cost_models_reports_each_device(tmp_path, cost_model
     slow.parent.mkdir()
     save_profile(DeviceProfile(CostModel(0.06, 0.006, 0.009, 0.003), 0.07, 0.3, 2048, 8, "t"), slow)
     out = tmp_path / "cmp"
+    workload = ROOT / "workloads" / "assistant_plus_indexer.yaml"
+    models = ["--cost-model", str(cost_model), "--cost-model", str(slow)]
+    policies = ["--policies", "static:64,cadence", "--seeds", "1"]
     res = subprocess.run(
-        [*CLI, "compare", str(ROOT / "workloads" / "assistant_plus_indexer.yaml"),
-         "--backend", "sim", "--cost-model", str(cost_model), "--cost-model", str(slow),
-         "--policies", "static:64,cadence", "--seeds", "1", "--out", str(out), "--no-progress"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            *CLI,
+            "compare",
+            str(workload),
+            "--backend",
+            "sim",
+            *models,
+            *policies,
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("== cost model") == 2 and res.stdout.count("comparison: ") == 2
     reports = {d: json.loads((out / d / "comparison.json").read_text()) for d in ("cm", "slow")}
@@ -121,11 +135,13 @@ def test_compare_on_several_cost_models_reports_each_device(tmp_path, cost_model
         return summary["background"]["makespan_s"]
 
     assert makespan("slow") > 1.5 * makespan("cm")  # each ran on its own device
+    chats = ROOT / "workloads" / "chat_only.yaml"
     one = subprocess.run(
-        [*CLI, "run", str(ROOT / "workloads" / "chat_only.yaml"), "--backend", "sim",
-         "--cost-model", str(cost_model), "--cost-model", str(slow), "--out", str(tmp_path / "o")],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [*CLI, "run", str(chats), "--backend", "sim", *models, "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert one.returncode == 2 and one.stderr.count("\n") == 1, one.stderr
     assert "only `compare` and `sweep` take several" in one.stderr
 

@@ -434,6 +434,7 @@ def test_the_serve_command_answers_curl_and_stops_cleanly_on_sigint(tmp_path):
     assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
     sim = subprocess.run(
         [sys.executable, *module, "serve", "--backend", "sim", "--cost-model", str(tmp_path)],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+    )
     assert sim.returncode == 2 and "--backend sim cannot serve" in sim.stderr, sim.stderr
