@@ -1,5 +1,5 @@
-"""Cadence's parts, each alone: the online fit, the tail margins, the share credit and the
-first-token floor."""
+"""Cadence's parts, each alone: the online fit, the tail margins, the share credit, the
+first-token floor and the balance between a waiting chat and the running ones."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from edgeprefill.runtime.core.plan import IterationTiming, SchedState
 from edgeprefill.runtime.policies.cadence.fit import REFIT_EVERY, OnlineFit, Rows
 from edgeprefill.runtime.policies.cadence.floor import DEFAULT_SLOWDOWN, first_token_floor
 from edgeprefill.runtime.policies.cadence.margins import TailMargins
+from edgeprefill.runtime.policies.cadence.objective import ChatBalance
 from edgeprefill.runtime.policies.cadence.share import ShareCredit
 
 COST = CostModel(0.020, 0.007, 0.0028, 0.0001)
@@ -181,3 +182,38 @@ def test_the_guaranteed_rate_stays_within_the_itl_target_and_waits_for_a_slot_th
     # An absolute target is the caller's: not capped.
     fresh = replace(four, foreground_waited_s=0.0)  # 0.6 s alone, 0.2 s of slack: 2 iterations
     assert first_token_floor(cost, fresh, 0.8, itl) == first_token_floor(cost, fresh, 0.8) == 150
+
+
+def test_a_waiting_chat_and_the_running_ones_are_slowed_alike_within_the_readable_floor(caplog):
+    """The gap where both slowdowns meet, computed here from its definition: the running
+    chats' gap over their decode alone equals the waiting chat's first token (on that
+    course) over its prompt alone. Never under the ITL target, never over the floor."""
+    zen3 = CostModel(0.0099, 0.0167, 0.0035, 0.00013)  # tests/devices/zen3-2core-avx2.json
+    balance = ChatBalance(itl_s=0.100, readable_s=0.150)
+    chat = dict(n_batch=2048, foreground_prompt_left=200, foreground_prompt_pos=0)
+
+    def both(n_decode: int, waited_s: float) -> tuple[float, float, float]:
+        state = SchedState(
+            0, 1, n_decode, n_decode, decode_ctx=300 * n_decode, foreground_waited_s=waited_s,
+            **chat,
+        )  # fmt: skip
+        gap = balance.gap_s(zen3, state)
+        base = zen3.predict(n_decode, 0, 1, state.decode_ctx)
+        alone = zen3.per_prefill_s * 200 + zen3.per_kctx_s * 200 * 100 / 1000
+        reference = zen3.per_pass_s + zen3.per_sampled_s + alone
+        first_token = waited_s + alone * gap / (gap - base)
+        return gap, gap / base, first_token / reference
+
+    gap, running, waiting = both(2, 0.0)  # 2 decodes (~50 ms with the chunk's pass)
+    assert 0.1 < gap < 0.15 and running == pytest.approx(waiting) and running < 2.5
+    later, running, waiting = both(2, 0.3)  # it has waited: a longer gap, still both alike
+    assert gap < later < 0.15 and running == pytest.approx(waiting)
+    assert both(1, 0.0)[0] == 0.100  # 2x one decode is under the ITL target: the target
+    assert both(3, 2.0)[0] == 0.150  # long late: the floor
+    queued = SchedState(0, 2, 1, 1, 2048, foreground_prompt_left=200, foreground_prompts_behind=1)
+    assert balance.gap_s(zen3, queued) == 0.150  # the chats behind it wait for it too
+    with caplog.at_level("WARNING", logger="edgeprefill"):
+        for n in (5, 6, 6, 5):
+            balance.note(zen3, SchedState(0, 0, n, n, 2048, decode_ctx_foreground=300 * n))
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and said[0].startswith("6 chats decoding take 110 ms an iteration")

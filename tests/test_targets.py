@@ -89,12 +89,14 @@ def test_an_absolute_target_this_device_cannot_meet_is_said_once_in_numbers(capl
     assert f"over ~{slow_profile().longest_prompt_within(1.0)} tokens" in said[0]
 
 
-def test_bursts_of_chats_at_one_thread_keep_cadences_tail_at_or_under_dlfps(tmp_path):
+def test_bursts_of_chats_at_one_thread_stay_within_the_readable_floor_and_start_sooner(tmp_path):
     """The bursty workload in the simulator calibrated from a run at --threads 1 on a 2-core
     EPYC (`edgeprefill calibrate`: a sampled row 19.5 ms, so five decoding chats fill the
     100 ms target): each chat that came in a burst used to go in at the guaranteed rate and
     become one more decode, up to 8 at 250 ms a token (P99 ITL 290/156/162 ms in seeds 0-2
-    against DLFP's 119/116/118)."""
+    against DLFP's 119/116/118). Now the running chats' gaps stretch for a waiting chat to
+    the readable-rate floor (150 ms) and no further, and the chats' first tokens come sooner
+    than under DLFP, which keeps the gaps shorter (issue 41)."""
     cost = CostModel(0.00104, 0.01954, 0.002188, 0.0000891)
     path = tmp_path / "t1.json"
     save_profile(DeviceProfile(cost, 0.0137, 0.1, 2048, 1, "t1"), path)
@@ -104,10 +106,9 @@ def test_bursts_of_chats_at_one_thread_keep_cadences_tail_at_or_under_dlfps(tmp_
     res = subprocess.run([*cmd, "--out", str(out), "--no-progress"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     for seed in range(3):
-        p99 = {
-            p: json.loads((out / f"seed{seed}" / p / "summary.json").read_text())["foreground"][
-                "p99_itl_ms"
-            ]
+        fg = {
+            p: json.loads((out / f"seed{seed}" / p / "summary.json").read_text())["foreground"]
             for p in ("cadence", "dlfp")
         }
-        assert p99["cadence"] <= p99["dlfp"], (seed, p99)
+        assert fg["cadence"]["p99_itl_ms"] <= 150 + 5, (seed, fg["cadence"]["p99_itl_ms"])
+        assert fg["cadence"]["mean_ttft_ms"] < fg["dlfp"]["mean_ttft_ms"], seed

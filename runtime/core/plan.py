@@ -71,6 +71,7 @@ class SchedState:
     foreground_waited_s: float = 0.0
     foreground_ttft_target_s: float | None = None  # that request's own absolute target
     foreground_ttft_slowdown: float | None = None  # and its relative one
+    foreground_prompts_behind: int = 0  # other foreground prompts waiting for their first token
     # The fewest tokens any foreground decode may still generate: within as many iterations
     # one of them is certain to end (None: no foreground decode, or no bound known).
     foreground_decode_ends: int | None = None

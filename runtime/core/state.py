@@ -64,8 +64,10 @@ def sched_state(
     """One pass over the candidates (planning runs between two device calls, where a
     chat's next token waits)."""
     n_running = n_waiting = n_decode = n_decode_fg = decode_ctx = decode_ctx_fg = 0
+    n_prompts_fg = 0
     ends: int | None = None  # the fewest tokens a foreground decode may still generate
     for c in candidates:
+        n_prompts_fg += c.cls == "foreground" and c.prompt_left > 0
         if not c.admitted:
             n_waiting += 1
         elif c.prompt_left:
@@ -96,6 +98,7 @@ def sched_state(
         foreground_waited_s=max(now_s - fg.arrival_s, 0.0) if fg is not None else 0.0,
         foreground_ttft_target_s=fg.ttft_target_s if fg is not None else None,
         foreground_ttft_slowdown=fg.ttft_slowdown if fg is not None else None,
+        foreground_prompts_behind=max(n_prompts_fg - 1, 0) if fg is not None else 0,
         foreground_decode_ends=ends,
         may_defer=may_defer,
     )

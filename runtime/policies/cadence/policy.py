@@ -33,6 +33,7 @@ from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.policies.cadence.fit import OnlineFit
 from edgeprefill.runtime.policies.cadence.floor import first_token_floor
 from edgeprefill.runtime.policies.cadence.margins import TailMargins
+from edgeprefill.runtime.policies.cadence.objective import DEFAULT_READABLE_MS, ChatBalance
 from edgeprefill.runtime.policies.cadence.share import ShareCredit
 from edgeprefill.runtime.policies.registry import POLICIES
 
@@ -65,11 +66,16 @@ class CadencePolicy(BudgetPolicy):
     share: float = (
         DEFAULT_SHARE  # most of the device's time background work takes beside foreground decodes
     )
+    # The readable-rate floor: the longest token gap a waiting chat's prompt may stretch
+    # the running chats' to (`objective`), and theirs where the device cannot decode them
+    # within itl_ms at all.
+    readable_ms: float = DEFAULT_READABLE_MS
     _fit: OnlineFit | None = field(default=None, init=False, repr=False)
     _margins: TailMargins | None = field(default=None, init=False, repr=False)
     _credit: ShareCredit | None = field(default=None, init=False, repr=False)
     _last_budget: int | None = field(default=None, init=False, repr=False)
     _at_risk: int = field(default=0, init=False, repr=False)  # zero budgets in a row
+    _balance: ChatBalance | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.itl_ms is not None and self.itl_ms <= 0:
@@ -82,6 +88,8 @@ class CadencePolicy(BudgetPolicy):
             raise ValueError(f"min_tokens must not be negative, got {self.min_tokens}")
         if not 0 < self.share <= 1:
             raise ValueError(f"share must be over 0 and at most 1, got {self.share}")
+        if self.readable_ms <= 0:
+            raise ValueError(f"readable_ms must be positive, got {self.readable_ms}")
         if not 50 <= self.tail_pct < 100:
             raise ValueError(f"tail_pct must be at least 50 and under 100, got {self.tail_pct}")
 
@@ -93,6 +101,7 @@ class CadencePolicy(BudgetPolicy):
         self._fit = OnlineFit(profile.cost, profile.timings, self.window)
         self._margins = TailMargins(self.tail_pct, MAX_MARGIN_SHARE * self._itl_s)
         self._credit = ShareCredit(self.share, self._itl_s)
+        self._balance = ChatBalance(self._itl_s, max(self.readable_ms / 1000, self._itl_s))
 
     @property
     def _itl_s(self) -> float:
@@ -113,15 +122,22 @@ class CadencePolicy(BudgetPolicy):
     # --- before an iteration ------------------------------------------------------------
     def decide(self, state: SchedState) -> Decision:
         _, margins, credit = self._parts()
+        assert self._balance is not None
+        self._balance.note(self._model, state)
         target = self._itl_s - margins.margin_s - margins.host_s
         defer = self._defers(state, target, credit)
         riders = None if defer else self._riders(state, target)
         seen = state.without_background_decodes(riders or 0) if defer or riders else state
-        budget, reason = self._budget(seen, target, margins, credit)
+        chat_target = self._prompt_target(margins, self._balance.gap_s(self._model, seen))
+        budget, reason = self._budget(seen, target, chat_target, credit)
         floor = None
         if state.foreground_prompt_left:
             ttft = state.foreground_ttft_target_s if self.ttft_ms is None else self.ttft_ms / 1000
-            floor = first_token_floor(self._model, seen, ttft, self._prompt_target(margins))
+            # The guaranteed rate keeps to the ITL target and its own rule where the decodes
+            # alone fill it: capped at the balanced gap instead, a late chat beside three
+            # decodes of 110 ms got 13 tokens an iteration, and waited 6x its prompt alone.
+            itl_target = self._prompt_target(margins, self._itl_s)
+            floor = first_token_floor(self._model, seen, ttft, itl_target)
         return Decision(budget, floor, 0 if defer else riders, reason=reason)
 
     def _defers(self, state: SchedState, target: float, credit: ShareCredit) -> bool:
@@ -159,15 +175,17 @@ class CadencePolicy(BudgetPolicy):
         )
         return next(fits, 1)
 
-    def _prompt_target(self, margins: TailMargins) -> float:
-        """The target an iteration with a chat's prompt chunk is sized to: less the tail of
-        the chats' own errors (a shallow chunk is cheap to predict), else of all."""
+    def _prompt_target(self, margins: TailMargins, gap_s: float) -> float:
+        """The target an iteration with a chat's prompt chunk is sized to: the token gap
+        `gap_s` less the tail of the chats' own errors (a shallow chunk is cheap to
+        predict), else of all."""
         margin = margins.margin_s if margins.prompt_margin_s is None else margins.prompt_margin_s
-        return self._itl_s - margin - margins.host_s
+        return gap_s - margin - margins.host_s
 
     def _budget(
-        self, state: SchedState, target: float, margins: TailMargins, credit: ShareCredit
+        self, state: SchedState, target: float, chat_target: float, credit: ShareCredit
     ) -> tuple[int | None, str]:
+        """`chat_target`: the target while a chat's prompt waits (`ChatBalance`'s gap)."""
         if state.n_decode_foreground == 0:
             self._last_budget = None
             return None, "no foreground decode: prompt work fills the batch"
@@ -175,7 +193,7 @@ class CadencePolicy(BudgetPolicy):
             self._last_budget = 0
             return 0, "the background's share of the foreground's time is spent"
         if state.foreground_prompt_left:
-            target = self._prompt_target(margins)
+            target = chat_target
         model = self._model
         c = model.max_prefill(target, state.n_decode, state.decode_ctx, state.next_prefill_pos)
         if 0 < state.next_prefill_left <= c:
@@ -214,7 +232,7 @@ class CadencePolicy(BudgetPolicy):
             margins.update(fit.model, fit.recent)
 
     def params(self) -> dict[str, Any]:
-        names = ("itl_ms", "ttft_ms", "tail_pct", "window", "min_tokens", "share")
+        names = ("itl_ms", "ttft_ms", "tail_pct", "window", "min_tokens", "share", "readable_ms")
         return {k: getattr(self, k) for k in names}
 
     def snapshot(self) -> dict[str, Any]:
