@@ -10,8 +10,9 @@ the two slowdowns meet where
 
     reference * u**2 - (reference + waited + left) * u + waited = 0
 
-(`left`: the rest of the prompt alone). A chat that has not waited meets them at u = 2:
-both sides twice their time alone; one that has waited longer gets a longer gap. The gap
+(`left`: the rest of the prompt alone). A chat that has not waited meets them at
+u = 1 + left/reference, about 2: both sides about twice their time alone; one that has
+waited longer gets a longer gap. The gap
 is never less than the ITL target (a chat gets at least the chunk it got before) nor more
 than the readable-rate floor.
 
@@ -68,9 +69,9 @@ class ChatBalance:
             self._said.add(n)
             log.warning(
                 f"{n} chats decoding take {decode_s * 1e3:.0f} ms an iteration on this device, "
-                f"over the {self.itl_s * 1e3:.0f} ms ITL target: their token gaps are held "
-                f"under the readable-rate floor of {self.readable_s * 1e3:.0f} ms instead "
-                "(cadence:readable_ms)"
+                f"over the {self.itl_s * 1e3:.0f} ms ITL target: a waiting chat's prompt may "
+                f"stretch their token gaps to the readable-rate floor of "
+                f"{self.readable_s * 1e3:.0f} ms (cadence:readable_ms)"
             )
 
 
