@@ -259,3 +259,19 @@ def test_generated_command_lines(sim, tmp_path_factory, args):
     path = folder / "w.yaml"
     path.write_text(dump(BASE))
     check([str(path), *args], sim, folder / "out")
+
+
+
+@pytest.mark.parametrize(
+    "spec", ["cadence:readable_ms=nan", "cadence:itl_ms=inf", "cadence:share=-inf", "dlfp:nan"]
+)
+def test_a_policy_parameter_that_is_not_a_finite_number_is_refused_in_one_line(sim, tmp_path, spec):
+    """A NaN or infinite policy parameter reached the policy's arithmetic (a traceback:
+    "cannot convert float NaN to integer"); it is refused where the spec is read."""
+    path = tmp_path / "w.yaml"
+    path.write_text(dump(BASE))
+    cost_model = ["--backend", "sim", "--cost-model", str(sim / "cost_model.json")]
+    args = ["run", str(path), *cost_model, "--policy", spec, "--out", str(tmp_path / "out")]
+    code, _, stderr = run_cli([*args, "--no-progress"])
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert "must be a finite number" in stderr and "Traceback" not in stderr

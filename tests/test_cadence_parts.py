@@ -189,14 +189,19 @@ def test_a_waiting_chat_and_the_running_ones_are_slowed_alike_within_the_readabl
     chats' gap over their decode alone equals the waiting chat's first token (on that
     course) over its prompt alone. Never under the ITL target, never over the floor."""
     zen3 = CostModel(0.0099, 0.0167, 0.0035, 0.00013)  # tests/devices/zen3-2core-avx2.json
-    balance = ChatBalance(itl_s=0.100, readable_s=0.150)
+    balance = ChatBalance(itl_s=0.100, readable_s=0.150, device=zen3)
     chat = dict(n_batch=2048, foreground_prompt_left=200, foreground_prompt_pos=0)
 
     def both(n_decode: int, waited_s: float) -> tuple[float, float, float]:
         state = SchedState(
-            0, 1, n_decode, n_decode, decode_ctx=300 * n_decode, foreground_waited_s=waited_s,
+            0,
+            1,
+            n_decode,
+            n_decode,
+            decode_ctx=300 * n_decode,
+            foreground_waited_s=waited_s,
             **chat,
-        )  # fmt: skip
+        )
         gap = balance.gap_s(zen3, state)
         base = zen3.predict(n_decode, 0, 1, state.decode_ctx)
         alone = zen3.per_prefill_s * 200 + zen3.per_kctx_s * 200 * 100 / 1000
@@ -214,6 +219,6 @@ def test_a_waiting_chat_and_the_running_ones_are_slowed_alike_within_the_readabl
     assert balance.gap_s(zen3, queued) == 0.150  # the chats behind it wait for it too
     with caplog.at_level("WARNING", logger="edgeprefill"):
         for n in (5, 6, 6, 5):
-            balance.note(zen3, SchedState(0, 0, n, n, 2048, decode_ctx_foreground=300 * n))
+            balance.note(SchedState(0, 0, n, n, 2048, decode_ctx_foreground=300 * n))
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and said[0].startswith("6 chats decoding take 110 ms an iteration")

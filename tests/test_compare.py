@@ -59,29 +59,21 @@ def cost_model(tmp_path) -> Path:
     return path
 
 
+def _simulate(
+    command: str, workload: Path, args: list[str], out: Path, timeout_s: float
+) -> subprocess.CompletedProcess[str]:
+    """`edgeprefill COMMAND WORKLOAD --backend sim ARGS --out OUT`, its output captured."""
+    cmd = [*CLI, command, str(workload), "--backend", "sim", *args, "--out", str(out)]
+    return subprocess.run(
+        [*cmd, "--no-progress"], capture_output=True, text=True, timeout=timeout_s
+    )
+
+
 def test_sweep_on_the_simulated_backend(tmp_path, cost_model):
     out = tmp_path / "sweep"
-    res = subprocess.run(
-        [
-            *CLI,
-            "sweep",
-            str(ROOT / "workloads" / "ppas_bursty.yaml"),
-            "--backend",
-            "sim",
-            "--cost-model",
-            str(cost_model),
-            "--burst-rates",
-            "0.5,2",
-            "--policies",
-            "unlimited,ppas,cadence",
-            "--out",
-            str(out),
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    workload = ROOT / "workloads" / "ppas_bursty.yaml"
+    rates = ["--burst-rates", "0.5,2", "--policies", "unlimited,ppas,cadence"]
+    res = _simulate("sweep", workload, ["--cost-model", str(cost_model), *rates], out, 120)
     assert res.returncode == 0, res.stderr
     report = json.loads((out / "sweep.json").read_text())
     assert report["simulated"] and report["outputs_agree"] and report["reconciled"]
@@ -108,23 +100,7 @@ def test_compare_on_several_cost_models_reports_each_device(tmp_path, cost_model
     workload = ROOT / "workloads" / "assistant_plus_indexer.yaml"
     models = ["--cost-model", str(cost_model), "--cost-model", str(slow)]
     policies = ["--policies", "static:64,cadence", "--seeds", "1"]
-    res = subprocess.run(
-        [
-            *CLI,
-            "compare",
-            str(workload),
-            "--backend",
-            "sim",
-            *models,
-            *policies,
-            "--out",
-            str(out),
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = _simulate("compare", workload, [*models, *policies], out, 300)
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("== cost model") == 2 and res.stdout.count("comparison: ") == 2
     reports = {d: json.loads((out / d / "comparison.json").read_text()) for d in ("cm", "slow")}

@@ -85,6 +85,11 @@ class CostModel:
         ctx = decode_ctx + left * start_pos + left * (left + 1) // 2
         return self.predict(n_decode, left, 1, ctx, n_sampled=n_decode + 1)
 
+    def prompt_tokens_s(self, n_tokens: int, start_pos: int = 0) -> float:
+        """What `n_tokens` prompt tokens from `start_pos` add to an iteration they share:
+        their own cost and attention, the pass over the weights and any sampled row aside."""
+        return (self.per_prefill_s + self.per_kctx_s * (start_pos + n_tokens / 2) / 1000) * n_tokens
+
     def prompt_alone_s(self, n_tokens: int, n_batch: int, start_pos: int = 0) -> float:
         """A prompt's time computed alone from `start_pos`: chunks of `n_batch`, each a
         pass over the weights, the last one sampling the first output token. What a chat's

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from typing import Any
 
@@ -39,6 +40,8 @@ def parse_policy(spec: str) -> BudgetPolicy:
             raise UserError(
                 f"`policy` {spec!r}: {key} must be {kind.__name__}, got {value!r}"
             ) from None
+        if kind is float and not math.isfinite(kwargs[key]):
+            raise UserError(f"`policy` {spec!r}: {key} must be a finite number, got {value!r}")
     try:
         return factory(**kwargs)
     except ValueError as e:

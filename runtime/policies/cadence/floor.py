@@ -56,8 +56,7 @@ def first_token_floor(
     base = model.predict(state.n_decode, 0, 1, state.decode_ctx)  # + the last row: small
     if base <= 0 or left <= 0:  # a model fitted with no cost per iteration: nothing to spread
         return None
-    pos = state.foreground_prompt_pos + left / 2
-    alone = (model.per_prefill_s + model.per_kctx_s * pos / 1000) * left
+    alone = model.prompt_tokens_s(left, state.foreground_prompt_pos)
     slowdown = state.foreground_ttft_slowdown or DEFAULT_SLOWDOWN
     floors = []
     if state.foreground_waited_s >= alone * (slowdown - 1) / slowdown:  # late: the rate binds

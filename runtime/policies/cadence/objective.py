@@ -40,31 +40,35 @@ DEFAULT_READABLE_MS = 150.0
 
 class ChatBalance:
     """The token gap for an iteration with a waiting chat's prompt, and a note, once per
-    number of running chats, where the device cannot decode them within the ITL target."""
+    number of running chats, where the device (its calibrated cost model `device`, not the
+    online fit, which a busy moment of a shared machine inflates) cannot decode them within
+    the ITL target."""
 
-    def __init__(self, itl_s: float, readable_s: float) -> None:
-        self.itl_s, self.readable_s = itl_s, readable_s
+    def __init__(self, itl_s: float, readable_s: float, device: CostModel) -> None:
+        self.itl_s, self.readable_s, self.device = itl_s, readable_s, device
         self._said: set[int] = set()
 
     def gap_s(self, model: CostModel, state: SchedState) -> float:
-        base = model.predict(state.n_decode, 0, 1, state.decode_ctx)
         left, pos = state.foreground_prompt_left, state.foreground_prompt_pos
-        if base <= 0 or left <= 0:
+        if left <= 0:
+            return self.itl_s
+        base = model.predict(state.n_decode, 0, 1, state.decode_ctx)
+        if base <= 0:
             return self.itl_s
         if state.foreground_prompts_behind:  # each one waits for this prompt too
             return self.readable_s
-        left_s = _alone_s(model, pos, left)
-        reference = model.per_pass_s + model.per_sampled_s + _alone_s(model, 0, pos + left)
+        left_s = model.prompt_tokens_s(left, pos)
+        reference = model.per_pass_s + model.per_sampled_s + model.prompt_tokens_s(pos + left)
         waited = state.foreground_waited_s
         b = reference + waited + left_s
         u = (b + math.sqrt(b * b - 4 * reference * waited)) / (2 * reference)
         return min(self.readable_s, max(self.itl_s, u * base))
 
-    def note(self, model: CostModel, state: SchedState) -> None:
+    def note(self, state: SchedState) -> None:
         n = state.n_decode_foreground
         if not n or n in self._said:
             return
-        decode_s = model.predict(n, 0, 0, state.decode_ctx_foreground)
+        decode_s = self.device.predict(n, 0, 0, state.decode_ctx_foreground)
         if decode_s > self.itl_s:
             self._said.add(n)
             log.warning(
@@ -73,8 +77,3 @@ class ChatBalance:
                 f"stretch their token gaps to the readable-rate floor of "
                 f"{self.readable_s * 1e3:.0f} ms (cadence:readable_ms)"
             )
-
-
-def _alone_s(model: CostModel, pos: int, n: int) -> float:
-    """`n` prompt tokens from `pos` computed alone, less the pass over the weights."""
-    return (model.per_prefill_s + model.per_kctx_s * (pos + n / 2) / 1000) * n

@@ -101,7 +101,8 @@ class CadencePolicy(BudgetPolicy):
         self._fit = OnlineFit(profile.cost, profile.timings, self.window)
         self._margins = TailMargins(self.tail_pct, MAX_MARGIN_SHARE * self._itl_s)
         self._credit = ShareCredit(self.share, self._itl_s)
-        self._balance = ChatBalance(self._itl_s, max(self.readable_ms / 1000, self._itl_s))
+        readable_s = max(self.readable_ms / 1000, self._itl_s)
+        self._balance = ChatBalance(self._itl_s, readable_s, profile.cost)
 
     @property
     def _itl_s(self) -> float:
@@ -123,7 +124,7 @@ class CadencePolicy(BudgetPolicy):
     def decide(self, state: SchedState) -> Decision:
         _, margins, credit = self._parts()
         assert self._balance is not None
-        self._balance.note(self._model, state)
+        self._balance.note(state)
         target = self._itl_s - margins.margin_s - margins.host_s
         defer = self._defers(state, target, credit)
         riders = None if defer else self._riders(state, target)
