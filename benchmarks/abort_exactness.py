@@ -45,9 +45,15 @@ def main() -> None:
     model = LlamaModel(default_model_path())
     tokens = plain_tokens(model, N + 8)
     ctx = LlamaContext(
-        model, n_ctx=4096, n_batch=2048, n_ubatch=512, n_seq_max=4, n_threads=threads,
-        kv_unified=False, flash_attn=False,
-    )  # fmt: skip
+        model,
+        n_ctx=4096,
+        n_batch=2048,
+        n_ubatch=512,
+        n_seq_max=4,
+        n_threads=threads,
+        kv_unified=False,
+        flash_attn=False,
+    )
     batch = LlamaBatch(2048)
 
     def decode(work: list[SeqWork], stop: threading.Event | None = None) -> int:

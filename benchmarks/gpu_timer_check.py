@@ -96,8 +96,10 @@ def main() -> int:
         ev, wall = event_vs_wall(timing, step)
         diff = abs(ev - wall) / wall
         ok &= diff <= 0.02
-        print(f"step ~{ms:.0f} ms: events {ev * 1e3:.3f} ms, wall {wall * 1e3:.3f} ms, "
-              f"differ by {diff:.2%} (limit 2%)")  # fmt: skip
+        print(
+            f"step ~{ms:.0f} ms: events {ev * 1e3:.3f} ms, wall {wall * 1e3:.3f} ms, "
+            f"differ by {diff:.2%} (limit 2%)"
+        )
     step = make_step(20.0)
     with_t, without = [], []
     for _ in range(5):  # interleaved rounds
@@ -105,9 +107,11 @@ def main() -> int:
         with_t.append(steps_per_s(timing, step, 50, timed=True))
     overhead = statistics.median(with_t) / statistics.median(without) - 1
     ok &= overhead < 0.01
-    print(f"20 ms steps: {statistics.median(without) * 1e3:.3f} ms without the timer, "
-          f"{statistics.median(with_t) * 1e3:.3f} ms with it: overhead {overhead:+.2%} "
-          f"(limit 1%, 5 interleaved rounds of 50 steps)")  # fmt: skip
+    print(
+        f"20 ms steps: {statistics.median(without) * 1e3:.3f} ms without the timer, "
+        f"{statistics.median(with_t) * 1e3:.3f} ms with it: overhead {overhead:+.2%} "
+        f"(limit 1%, 5 interleaved rounds of 50 steps)"
+    )
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 

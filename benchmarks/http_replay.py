@@ -52,11 +52,15 @@ class Endpoint:
 
     def body(self, req: Request) -> dict[str, Any]:
         return {
-            "prompt": req.prompt, "max_tokens": req.max_tokens, "stream": True,
-            "stream_options": {"include_usage": True}, "temperature": 0.0,
-            "ignore_eos": req.ignore_eos, "priority": int(req.cls == "background"),
+            "prompt": req.prompt,
+            "max_tokens": req.max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": 0.0,
+            "ignore_eos": req.ignore_eos,
+            "priority": int(req.cls == "background"),
             **({"model": self.model} if self.model else {}),
-        }  # fmt: skip
+        }
 
     def lines(self, req: Request) -> Iterator[str]:
         """The response's lines; fails `req` and yields nothing on a status other than 200."""
@@ -128,8 +132,9 @@ class ServeProcess:
         self._log = log.open("w")
         self.proc = subprocess.Popen(
             [*cmd, "--port", str(self.port), *shlex.split(args)],
-            stdout=self._log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and self.proc.poll() is None:

@@ -70,8 +70,12 @@ def main() -> None:
     args = ap.parse_args()
     rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as folder:
-        config = LlamaCppConfig(model=default_model_path(), n_ctx=args.doc_tokens + 512,
-                                n_seq_max=2, kv_cache_dir=Path(folder))  # fmt: skip
+        config = LlamaCppConfig(
+            model=default_model_path(),
+            n_ctx=args.doc_tokens + 512,
+            n_seq_max=2,
+            kv_cache_dir=Path(folder),
+        )
         for r in range(args.rounds):
             with LlamaCppBackend(config) as be:
                 cache = be.prefix_cache
@@ -111,7 +115,7 @@ def main() -> None:
             "restore_memory_s",
             "restore_disk_s",
             "bytes_per_token",
-        )  # fmt: skip
+        )
     }
     summary["speedup_memory"] = summary["ttft_without_s"] / summary["ttft_with_memory_s"]
     summary["speedup_disk"] = summary["ttft_without_s"] / summary["ttft_with_disk_s"]

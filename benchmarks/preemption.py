@@ -54,12 +54,16 @@ def main() -> None:
             aborts += lat
             be.supports_abort = False
             off.append(one(be, at, Path(tmp) / f"off{i}")[0])
-            print(f"chat at {at:.2f} s: TTFT {ttft:.3f} s with preemption, {off[-1]:.3f} s "
-                  f"without; abort landed {[round(x * 1e3, 1) for x in lat]} ms after arrival")  # fmt: skip
-        print(f"median TTFT {statistics.median(on):.3f} s with, {statistics.median(off):.3f} s "
-              f"without ({rounds} interleaved rounds); arrival to abort: median "
-              f"{statistics.median(aborts) * 1e3:.1f} ms, max {max(aborts) * 1e3:.1f} ms "
-              f"over {len(aborts)} aborts")  # fmt: skip
+            print(
+                f"chat at {at:.2f} s: TTFT {ttft:.3f} s with preemption, {off[-1]:.3f} s "
+                f"without; abort landed {[round(x * 1e3, 1) for x in lat]} ms after arrival"
+            )
+        print(
+            f"median TTFT {statistics.median(on):.3f} s with, {statistics.median(off):.3f} s "
+            f"without ({rounds} interleaved rounds); arrival to abort: median "
+            f"{statistics.median(aborts) * 1e3:.1f} ms, max {max(aborts) * 1e3:.1f} ms "
+            f"over {len(aborts)} aborts"
+        )
 
 
 if __name__ == "__main__":

@@ -139,10 +139,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("results/soak"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
-        "--trim", action="store_true",
+        "--trim",
+        action="store_true",
         help="call glibc's malloc_trim(0) at every RSS sample (a diagnostic: does RSS grow "
         "because freed memory stays with the allocator, or because something is kept?)",
-    )  # fmt: skip
+    )
     args = ap.parse_args()
     trim = ctypes.CDLL("libc.so.6").malloc_trim if args.trim else None
     args.out.mkdir(parents=True, exist_ok=True)
@@ -151,9 +152,13 @@ def main() -> None:
     rss: list[tuple[float, int]] = []
     ledger = Ledger()
     config = LlamaCppConfig(
-        model=default_model_path(), n_ctx=N_CTX, n_seq_max=8, kv_cache_dir=kv_folder,
-        kv_cache_disk=512 << 20, kv_cache_ram=128 << 20,
-    )  # fmt: skip
+        model=default_model_path(),
+        n_ctx=N_CTX,
+        n_seq_max=8,
+        kv_cache_dir=kv_folder,
+        kv_cache_disk=512 << 20,
+        kv_cache_ram=128 << 20,
+    )
     with LlamaCppBackend(config) as be:
         rt = Runtime(be, results=args.out)
         t0 = time.monotonic()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -49,3 +51,12 @@ def serving(
         srv.should_exit = True
         thread.join(30)
         served.close(cancel=True)
+
+
+def curl_post(url: str, body: dict[str, Any], key: str | None = None) -> str:
+    """POST `body` as JSON with curl, as a user at a shell would (unbuffered, so a stream
+    arrives as it is sent); what curl printed."""
+    args = ["curl", "-sN", url, "-H", "Content-Type: application/json", "-d", json.dumps(body)]
+    if key is not None:
+        args += ["-H", f"Authorization: Bearer {key}"]
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, check=True).stdout

@@ -93,9 +93,18 @@ def run_cli(args: list[str]) -> tuple[int, str, str]:
 
 def check(args: list[str], sim: Path, out: Path) -> None:
     code, stdout, stderr = run_cli(
-        ["run", *args, "--backend", "sim", "--cost-model", str(sim / "cost_model.json"),
-         "--no-progress", "--out", str(out)]
-    )  # fmt: skip
+        [
+            "run",
+            *args,
+            "--backend",
+            "sim",
+            "--cost-model",
+            str(sim / "cost_model.json"),
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+    )
     assert "Traceback" not in stderr + stdout, stderr
     event("ran" if code == 0 else "refused")
     if code == 0:
@@ -231,10 +240,23 @@ def test_generated_broken_files_and_traces(sim, tmp_path_factory, content):
 
 
 FLAGS = [
-    "--policy", "--seed", "--n-ctx", "--n-batch", "--n-seq-max", "--n-ubatch", "--threads",
-    "--max-background", "--telemetry-period", "--thermal-factor", "--kv-cache-ram",
-    "--kv-cache-disk", "--batching", "--sim-noise", "--calibration", "--model",
-]  # fmt: skip
+    "--policy",
+    "--seed",
+    "--n-ctx",
+    "--n-batch",
+    "--n-seq-max",
+    "--n-ubatch",
+    "--threads",
+    "--max-background",
+    "--telemetry-period",
+    "--thermal-factor",
+    "--kv-cache-ram",
+    "--kv-cache-disk",
+    "--batching",
+    "--sim-noise",
+    "--calibration",
+    "--model",
+]
 flag_values = st.one_of(
     st.integers(-5, 5).map(str),
     huge.map(str),
@@ -259,7 +281,6 @@ def test_generated_command_lines(sim, tmp_path_factory, args):
     path = folder / "w.yaml"
     path.write_text(dump(BASE))
     check([str(path), *args], sim, folder / "out")
-
 
 
 @pytest.mark.parametrize(

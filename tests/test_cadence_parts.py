@@ -10,8 +10,9 @@ import pytest
 
 from edgeprefill.runtime.core.costmodel import CostModel
 from edgeprefill.runtime.core.plan import IterationTiming, SchedState
+from edgeprefill.runtime.core.request import FOREGROUND_SLOWDOWN
 from edgeprefill.runtime.policies.cadence.fit import REFIT_EVERY, OnlineFit, Rows
-from edgeprefill.runtime.policies.cadence.floor import DEFAULT_SLOWDOWN, first_token_floor
+from edgeprefill.runtime.policies.cadence.floor import first_token_floor
 from edgeprefill.runtime.policies.cadence.margins import TailMargins
 from edgeprefill.runtime.policies.cadence.objective import ChatBalance
 from edgeprefill.runtime.policies.cadence.share import ShareCredit
@@ -142,8 +143,8 @@ def test_the_first_token_floor_guarantees_a_rate_and_meets_an_absolute_target_in
     assert first_token_floor(cost, chat, None) is None
     late = replace(chat, foreground_waited_s=alone * 2 / 3)
     paced = first_token_floor(cost, late, None)
-    assert paced == -(-200 // int((DEFAULT_SLOWDOWN - 1) * alone / base))
-    assert 0.003 * paced >= base / (DEFAULT_SLOWDOWN - 1)
+    assert paced == -(-200 // int((FOREGROUND_SLOWDOWN - 1) * alone / base))
+    assert 0.003 * paced >= base / (FOREGROUND_SLOWDOWN - 1)
     half = replace(late, foreground_prompt_left=100, foreground_prompt_pos=100)
     assert first_token_floor(cost, half, None) == pytest.approx(paced, abs=1)
     # A request's own multiple sets the rate: 2x its time alone, chunks as costly as the rest.

@@ -257,10 +257,22 @@ def test_sigterm_during_compare_keeps_finished_runs_and_marks_the_stopped_one(
     out = tmp_path / "cmp"
     wl = small_workload(tmp_path, chats=30, docs=3, doc_tokens=3000)
     proc = subprocess.Popen(
-        [*CLI, "compare", str(wl), "--policies", "static:64,unlimited", "--seeds", "1",
-         "--out", str(out), "--no-progress"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            *CLI,
+            "compare",
+            str(wl),
+            "--policies",
+            "static:64,unlimited",
+            "--seeds",
+            "1",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     first, second = out / "seed7" / "static_64", out / "seed7" / "unlimited"
     deadline = time.monotonic() + 400
     while time.monotonic() < deadline:  # the first run done, the second under way
@@ -309,35 +321,22 @@ def test_calibrate_a_real_run_then_simulate_and_compare_on_it(tmp_path):
         == json.loads((real / "summary.json").read_text())["iterations"]
     )
 
-    sim = tmp_path / "sim"
-    res = run_cli(
-        "run",
-        small_workload(tmp_path, chats=20, docs=6),
-        "--backend",
-        "sim",
-        "--cost-model",
-        real / "cost_model.json",
-        "--policy",
-        "cadence",
-        "--out",
-        sim,
-        "--no-progress",
-    )
-    assert res.returncode == 0, res.stderr
-    summary = json.loads((sim / "summary.json").read_text())
+    def simulate(out: Path, *noise: str) -> dict:
+        workload = small_workload(tmp_path, chats=20, docs=6)
+        cost_model = real / "cost_model.json"
+        sim = ("--backend", "sim", "--cost-model", cost_model, *noise, "--policy", "cadence")
+        res = run_cli("run", workload, *sim, "--out", out, "--no-progress")
+        assert res.returncode == 0, res.stderr
+        return json.loads((out / "summary.json").read_text())
+
+    summary = simulate(tmp_path / "sim")
     assert summary["simulated"] is True and summary["backend"]["name"] == "sim"
     assert summary["completed"] == 26 and summary["accounting"]["reconciled"]
 
     # As noisy as the real run was: every simulated iteration is the model's prediction
     # plus one of the residuals the calibration measured.
     noisy = tmp_path / "noisy"
-    res = run_cli(
-        "run", small_workload(tmp_path, chats=20, docs=6), "--backend", "sim",
-        "--cost-model", real / "cost_model.json", "--sim-noise", "measured",
-        "--policy", "cadence", "--out", noisy, "--no-progress",
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr
-    assert json.loads((noisy / "summary.json").read_text())["accounting"]["reconciled"]
+    assert simulate(noisy, "--sim-noise", "measured")["accounting"]["reconciled"]
     cost = CostModel.from_dict(model["cost_model"])
     measured = np.array(model["residuals_ms"])
     assert len(measured) == model["cost_model"]["n_samples"] and measured.std() > 0

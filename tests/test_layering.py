@@ -176,9 +176,17 @@ def test_without_the_extras_the_simulator_runs_and_the_rest_says_what_to_install
     )
     workload = str(ROOT / "workloads" / "chat_only.yaml")
     res = run_without_extras(
-        tmp_path, "run", workload, "--backend", "sim", "--cost-model", str(model),
-        "--no-progress", "--out", "sim",
-    )  # fmt: skip
+        tmp_path,
+        "run",
+        workload,
+        "--backend",
+        "sim",
+        "--cost-model",
+        str(model),
+        "--no-progress",
+        "--out",
+        "sim",
+    )
     assert res.returncode == 0, res.stderr
     assert json.loads((tmp_path / "sim" / "summary.json").read_text())["completed"] > 0
 

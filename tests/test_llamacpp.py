@@ -194,10 +194,21 @@ def test_greedy_and_seeded_requests_decoding_together_each_get_their_own_row(mak
 
     def requests():
         return [
-            Request(name, "foreground", 0.0, text_prompt(be.tokenizer, n, seed=n), 16,
-                    ignore_eos=True, sampling=sampling)
-            for name, n, sampling in (("g1", 60, SamplingParams()), ("s", 70, seeded), ("g2", 80, SamplingParams()))
-        ]  # fmt: skip
+            Request(
+                name,
+                "foreground",
+                0.0,
+                text_prompt(be.tokenizer, n, seed=n),
+                16,
+                ignore_eos=True,
+                sampling=sampling,
+            )
+            for name, n, sampling in (
+                ("g1", 60, SamplingParams()),
+                ("s", 70, seeded),
+                ("g2", 80, SamplingParams()),
+            )
+        ]
 
     together = requests()
     drain(Engine(be, StaticPolicy(256)), together)

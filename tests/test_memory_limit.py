@@ -38,9 +38,14 @@ def test_the_prediction_is_what_llama_cpp_allocates(model_path, n_ctx, n_seq, n_
         assert footprint.full_bytes > 0 and footprint.window_bytes > 0  # Gemma 3: both kinds
         with captured_log() as lines:
             ctx = LlamaContext(
-                model, n_ctx=n_ctx, n_batch=2048, n_ubatch=n_ubatch, n_seq_max=n_seq,
-                n_threads=1, kv_unified=unified,
-            )  # fmt: skip
+                model,
+                n_ctx=n_ctx,
+                n_batch=2048,
+                n_ubatch=n_ubatch,
+                n_seq_max=n_seq,
+                n_threads=1,
+                kv_unified=unified,
+            )
             ctx.close()
         need = footprint.bytes_for(n_ctx, n_seq, n_ubatch, model.n_swa, unified)
         assert need == pytest.approx(reported_kv_bytes(lines), rel=0.01)
@@ -93,11 +98,26 @@ def test_the_command_line_refuses_it_in_one_line(tmp_path, model_path):
     if n_seq > 256:  # llama.cpp's most sequences
         pytest.skip("even the largest cache llama.cpp allows fits in this machine's memory")
     res = subprocess.run(
-        [sys.executable, "-m", "edgeprefill.runtime.cli.main", "run", str(DEFAULT),
-         "--n-ctx", "32768", "--n-seq-max", str(n_seq), "--n-batch", "2048", "--no-progress",
-         "--out", str(tmp_path / "o")],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "edgeprefill.runtime.cli.main",
+            "run",
+            str(DEFAULT),
+            "--n-ctx",
+            "32768",
+            "--n-seq-max",
+            str(n_seq),
+            "--n-batch",
+            "2048",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 2, res.stderr
     errors = [line for line in res.stderr.splitlines() if line.startswith("edgeprefill: error:")]
     assert len(errors) == 1 and "Traceback" not in res.stderr  # (and the probe's notice)

@@ -6,8 +6,7 @@ from dataclasses import replace
 
 from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.plan import Decision
-from edgeprefill.runtime.core.planner import MAX_DEFERRED, Planner
-from edgeprefill.runtime.core.state import Candidate
+from edgeprefill.runtime.core.planner import MAX_DEFERRED, Candidate, Planner
 from edgeprefill.runtime.policies import parse_policy
 
 

@@ -15,10 +15,9 @@ from edgeprefill.runtime.core.engine import Engine
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.plan import IterationTiming, SchedState, riders
 from edgeprefill.runtime.core.profile import DeviceProfile
-from edgeprefill.runtime.core.request import Request
+from edgeprefill.runtime.core.request import FOREGROUND_SLOWDOWN, Request
 from edgeprefill.runtime.policies import parse_policy
 from edgeprefill.runtime.policies.cadence import CadencePolicy
-from edgeprefill.runtime.policies.cadence.floor import DEFAULT_SLOWDOWN
 from edgeprefill.runtime.policies.cadence.policy import MAX_STARVED
 from edgeprefill.runtime.policies.dlfp import DLFPPolicy
 from edgeprefill.runtime.policies.ppas import PPASPolicy
@@ -385,7 +384,7 @@ def test_cadence_sizes_a_waiting_chat_prompt_by_the_time_left_to_its_ttft_target
     # starved either: chunks at the guaranteed rate, each costing at least half of what
     # the rest of its iteration costs.
     lost = p.decide(replace(chat, foreground_waited_s=0.9)).floor
-    paced = math.ceil(200 / math.floor((DEFAULT_SLOWDOWN - 1) * per_token * 200 / base))
+    paced = math.ceil(200 / math.floor((FOREGROUND_SLOWDOWN - 1) * per_token * 200 / base))
     assert 0 < lost == paced < early
     # Its remaining iterations fit the slack it was sized for.
     assert math.ceil(200 / early) * (base + 0.003 * early) <= 1.0 + 0.05

@@ -12,7 +12,8 @@ import pytest
 from edgeprefill.backends.llamacpp.probe import plain_tokens
 from edgeprefill.runtime import Runtime
 from edgeprefill.runtime.core.request import DEFAULT_TTFT_SLOWDOWN, Status
-from edgeprefill.runtime.policies import DEFAULT_POLICY
+from edgeprefill.runtime.policies import DEFAULT_POLICY, parse_policy
+from edgeprefill.runtime.policies.static import StaticPolicy
 from tests.terminal import python_from_a_terminal
 
 pytestmark = pytest.mark.slow
@@ -320,3 +321,16 @@ def test_ctrl_c_while_a_runtime_probes_the_device_closes_the_backend_after_the_p
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["interrupted", "after", "True", "closed"]
+
+
+def test_a_policy_built_in_code_is_named_in_the_summary_by_a_spec_that_reads_back(
+    make_backend, tmp_path
+):
+    """summary.json says which policy ran, with its parameters, as `run` does: a policy
+    object given to the API is written as the `--policy` spec that rebuilds it."""
+    with Runtime(make_backend(), StaticPolicy(48), profile=None, results=tmp_path) as rt:
+        assert rt.chat([2, 651, 3303], max_tokens=2).result(timeout=60).error is None
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["policy"]["spec"] == "static:tokens=48"
+    assert parse_policy(summary["policy"]["spec"]) == StaticPolicy(48)
+    assert summary["machine"]["logical_cores"] and summary["accounting"]["reconciled"]

@@ -3,9 +3,9 @@ background preempted at chunk boundaries, admission never over-commits the devic
 
 from __future__ import annotations
 
+from edgeprefill.runtime.core.planner import sched_state
 from edgeprefill.runtime.core.request import Status
 from edgeprefill.runtime.core.scheduler import BackgroundLimits
-from edgeprefill.runtime.core.state import sched_state
 from tests import helpers
 from tests.helpers import EOG, make_request, make_scheduler, run_plan
 

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from tests.server_helpers import KEY, serving
+from tests.server_helpers import KEY, curl_post, serving
 from tests.terminal import python_from_a_terminal
 
 pytestmark = pytest.mark.slow
@@ -36,10 +36,13 @@ def test_openai_client_streams_the_same_answer_it_gets_whole_with_usage(server):
     whole = c.chat.completions.create(**ask, max_tokens=12, temperature=0)
     chunks = list(
         c.chat.completions.create(
-            **ask, max_completion_tokens=12, temperature=0, stream=True,
+            **ask,
+            max_completion_tokens=12,
+            temperature=0,
+            stream=True,
             stream_options={"include_usage": True},
         )
-    )  # fmt: skip
+    )
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert text == whole.choices[0].message.content and text
     finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
@@ -71,14 +74,8 @@ def test_a_stop_string_cuts_the_text_before_it_and_ends_the_request(server):
 
 def test_curl_gets_server_sent_events_ending_in_done_and_the_key_is_required(server):
     base, _ = server
-    body = json.dumps(
-        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "stream": True}
-    )
-    out = subprocess.run(
-        ["curl", "-sN", f"{base}/v1/chat/completions", "-H", f"Authorization: Bearer {KEY}",
-         "-H", "Content-Type: application/json", "-d", body],
-        capture_output=True, text=True, timeout=120, check=True,
-    ).stdout  # fmt: skip
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "stream": True}
+    out = curl_post(f"{base}/v1/chat/completions", body, KEY)
     events = [line for line in out.splitlines() if line]
     assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
     chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
@@ -142,8 +139,12 @@ def test_documents_are_background_work_with_progress_and_a_priority_field_sets_t
     ]
     assert 'edgeprefill_requests_ended_total{cls="background",outcome="completed"} 2.0' in ended
     assert 'edgeprefill_requests_ended_total{cls="background",outcome="error"} 1.0' in ended
-    for name in ("edgeprefill_ttft_seconds_bucket", "edgeprefill_itl_seconds_bucket",
-                 "edgeprefill_requests_waiting", "edgeprefill_prefill_budget_tokens"):  # fmt: skip
+    for name in (
+        "edgeprefill_ttft_seconds_bucket",
+        "edgeprefill_itl_seconds_bucket",
+        "edgeprefill_requests_waiting",
+        "edgeprefill_prefill_budget_tokens",
+    ):
         assert name in metrics
 
 
@@ -156,9 +157,11 @@ def test_a_question_by_document_id_restores_the_document_and_computes_only_the_q
     # Asked at once, while the document is still read: it waits for the read rather than
     # computing the document a second time beside it.
     early = c.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "What did the keeper log?"}],
-        max_tokens=6, extra_body={"document_id": doc},
-    )  # fmt: skip
+        model="tiny",
+        messages=[{"role": "user", "content": "What did the keeper log?"}],
+        max_tokens=6,
+        extra_body={"document_id": doc},
+    )
     later = c.completions.create(
         model="tiny", prompt="Who kept the log?", max_tokens=6, extra_body={"document_id": doc}
     )
@@ -353,11 +356,29 @@ def test_sigterm_with_requests_in_flight_keeps_the_finished_and_marks_the_rest(
     (stale / "x.kvstate").write_bytes(b"what a document said")
     port, out = free_port(), tmp_path / "served"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "edgeprefill.runtime.cli.main", "serve", "--port", str(port),
-         "--policy", "static:64", "--n-ctx", "4096", "--n-seq-max", "4", "--calibration", "none",
-         "--results", str(out), "--cancel-on-shutdown"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "edgeprefill.runtime.cli.main",
+            "serve",
+            "--port",
+            str(port),
+            "--policy",
+            "static:64",
+            "--n-ctx",
+            "4096",
+            "--n-seq-max",
+            "4",
+            "--calibration",
+            "none",
+            "--results",
+            str(out),
+            "--cancel-on-shutdown",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(base, proc)
@@ -409,19 +430,26 @@ def test_the_serve_command_answers_curl_and_stops_cleanly_on_sigint(tmp_path):
     port = free_port()
     module = ["-m", "edgeprefill.runtime.cli.main"]
     proc = subprocess.Popen(
-        [*python_from_a_terminal(*module), "serve", "--port", str(port), "--policy",
-         "static:64", "--n-ctx", "2048", "--calibration", "none"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            *python_from_a_terminal(*module),
+            "serve",
+            "--port",
+            str(port),
+            "--policy",
+            "static:64",
+            "--n-ctx",
+            "2048",
+            "--calibration",
+            "none",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(base, proc)
-        body = json.dumps({"prompt": "Hello", "max_tokens": 3})
-        out = subprocess.run(
-            ["curl", "-s", f"{base}/v1/completions", "-H", "Content-Type: application/json",
-             "-d", body],
-            capture_output=True, text=True, timeout=120, check=True,
-        ).stdout  # fmt: skip
+        out = curl_post(f"{base}/v1/completions", {"prompt": "Hello", "max_tokens": 3})
         assert json.loads(out)["usage"]["completion_tokens"] == 3
     finally:
         proc.send_signal(signal.SIGINT)
@@ -429,8 +457,9 @@ def test_the_serve_command_answers_curl_and_stops_cleanly_on_sigint(tmp_path):
     assert proc.returncode == 130 and "Traceback" not in stderr, stderr  # as a shell reports it
     bad = subprocess.run(
         [sys.executable, *module, "serve", "--backend", "vllm", "--model", str(tmp_path / "none")],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
     sim = subprocess.run(
         [sys.executable, *module, "serve", "--backend", "sim", "--cost-model", str(tmp_path)],

@@ -13,9 +13,8 @@ import pytest
 
 from edgeprefill.runtime.core.costmodel import CostModel
 from edgeprefill.runtime.core.plan import SchedState
-from edgeprefill.runtime.core.planner import Planner
+from edgeprefill.runtime.core.planner import Candidate, Planner
 from edgeprefill.runtime.core.profile import DeviceProfile
-from edgeprefill.runtime.core.state import Candidate
 from edgeprefill.runtime.core.steplimit import FIRST_PROMPT, UNNOTICED_WAIT_S, StepLimit
 from edgeprefill.runtime.policies import parse_policy
 from edgeprefill.runtime.runner.calibration import save_profile
@@ -32,9 +31,15 @@ def profile(cost: CostModel) -> DeviceProfile:
 
 def documents_only(pos: int = 1000, n_decode: int = 2) -> SchedState:
     return SchedState(
-        n_prefill_running=1, n_prefill_waiting=0, n_decode=n_decode, n_decode_foreground=0,
-        n_batch=2048, decode_ctx=n_decode * 3000, next_prefill_pos=pos, next_prefill_left=5000,
-    )  # fmt: skip
+        n_prefill_running=1,
+        n_prefill_waiting=0,
+        n_decode=n_decode,
+        n_decode_foreground=0,
+        n_batch=2048,
+        decode_ctx=n_decode * 3000,
+        next_prefill_pos=pos,
+        next_prefill_left=5000,
+    )
 
 
 def test_a_documents_only_step_is_predicted_within_the_wait_a_chats_allowance_leaves():

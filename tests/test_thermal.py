@@ -322,9 +322,10 @@ def test_a_servers_energy_is_a_running_total_over_samples_it_does_not_keep():
     assert len(sampler.samples) == 2  # bounded
     metrics._n_tokens = 4
     line = next(
-        x for x in metrics.text().decode().splitlines()
+        x
+        for x in metrics.text().decode().splitlines()
         if x.startswith("edgeprefill_energy_joules_per_token{")
-    )  # fmt: skip
+    )
     assert float(line.split()[-1]) == pytest.approx(10.0 / 4)  # all five samples' energy
 
 
@@ -398,7 +399,7 @@ def test_thermal_guard_scales_and_restores_the_background_budget():
     guard = ThermalGuard(lambda: next(feed), ThermalSettings(factor=0.25, max_temp_c=90))
     engine = Engine(SimBackend(COST, CAP), parse_policy("static:256"), guard=guard)
     its = drain(engine, requests(chats=0, docs=1, doc_len=12000))
-    bg = [it.prefill_by_class["background"] for it in its]
+    bg = [it.plan.n_prefill_background for it in its]
     thermal = [it.policy_state["thermal"] for it in its]
     assert bg[:10] == [256] * 10 and not any(t["active"] for t in thermal[:10])
     assert bg[10:30] == [64] * 20  # a quarter of the budget while hot and cooling
@@ -414,7 +415,7 @@ def test_thermal_guard_never_touches_the_foreground():
     guard = ThermalGuard(lambda: next(feed), ThermalSettings(factor=0.25))
     engine = Engine(SimBackend(COST, CAP), parse_policy("static:512"), guard=guard)
     its = drain(engine, requests(chats=1, docs=1, doc_len=4000))
-    assert its[0].prefill_by_class == {"foreground": 201, "background": 128}
+    assert (its[0].plan.n_prefill_foreground, its[0].plan.n_prefill_background) == (201, 128)
     assert its[0].plan.decision.background_cap == 128
 
 

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make test installs its CPU build)")
 
-from edgeprefill.backends.vllm.backend import VllmBackend, VllmSettings  # noqa: E402
+from edgeprefill.backends.vllm.backend import VllmBackend  # noqa: E402
 from edgeprefill.runtime.core.budget import BudgetPolicy  # noqa: E402
 from edgeprefill.runtime.core.plan import IterationTiming, SchedState  # noqa: E402
 from edgeprefill.runtime.core.planner import MAX_DEFERRED  # noqa: E402
@@ -21,7 +21,7 @@ from edgeprefill.runtime.policies import parse_policy  # noqa: E402
 from edgeprefill.runtime.runner.calibration import probe_device  # noqa: E402
 from edgeprefill.runtime.runner.session import RunOptions, run_workload  # noqa: E402
 from edgeprefill.runtime.traffic.workload import load_workload  # noqa: E402
-from tests.vllm_model import write_tiny_model  # noqa: E402
+from tests.vllm_model import tiny_settings, write_tiny_model  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -47,10 +47,7 @@ streams:
 @pytest.fixture(scope="module")
 def vllm_backend(tmp_path_factory):
     folder = write_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-    settings = VllmSettings(
-        folder, n_ctx=2048, n_batch=1024, n_seq_max=8, dtype="float32",
-        enforce_eager=True, kv_cache_gib=0.25,
-    )  # fmt: skip
+    settings = tiny_settings(folder, n_seq_max=8)
     with VllmBackend(settings) as be:
         yield be
 
@@ -187,9 +184,13 @@ def test_the_policy_gets_one_timing_per_completed_step_in_order_with_its_composi
 def test_a_run_writes_the_same_result_files_and_reconciles(vllm_backend, workload, tmp_path):
     spec, path = workload
     result = run_workload(
-        spec, path, vllm_backend, "static:32", tmp_path / "run",
+        spec,
+        path,
+        vllm_backend,
+        "static:32",
+        tmp_path / "run",
         options=RunOptions(progress=False, telemetry=None),
-    )  # fmt: skip
+    )
     s = result.summary
     assert s["backend"]["name"] == "vllm" and s["backend"]["clock"] == "perf_counter"
     acc = s["accounting"]
@@ -295,8 +296,11 @@ def test_a_documents_only_step_is_sized_for_the_wait_of_a_chat_arriving_during_i
     steps = first + [it]
     while engine.has_work:
         steps += engine.advance().iterations
-    documents_only = [s for s in steps if s.plan.n_prefill and not s.timing.n_decode_foreground
-                      and "chat" not in s.plan.prefill]  # fmt: skip
+    documents_only = [
+        s
+        for s in steps
+        if s.plan.n_prefill and not s.timing.n_decode_foreground and "chat" not in s.plan.prefill
+    ]
     # The largest step the limit allows: at the start of a prompt, nothing decoding, and
     # before any chat was seen (priced at a longer prompt than this chat's).
     widest = SchedState(1, 0, 0, 0, 1024, next_prefill_left=1000)
@@ -426,23 +430,44 @@ def test_a_chats_prompt_goes_without_documents_decodes_and_its_target_reaches_th
 
 
 # One planner for both engines: the same states, described by each engine's own requests,
-# give the same decisions. (id, class, prompt tokens, computed, outputs, admitted, arrival)
+# give the same decisions and plans. (id, class, prompt tokens, computed, outputs, admitted,
+# arrival)
 SCRIPT = [
-    [("doc0", "background", 3000, 1024, 0, True, 0.0), ("chat0", "foreground", 300, 0, 0, False, 0.2)],
-    [("doc0", "background", 3000, 1024, 0, True, 0.0), ("chat0", "foreground", 300, 96, 0, True, 0.2),
-     ("doc1", "background", 2000, 0, 0, False, 0.1)],
-    [("chat0", "foreground", 300, 300, 5, True, 0.2), ("doc0", "background", 3000, 3000, 3, True, 0.0),
-     ("doc1", "background", 2000, 512, 0, True, 0.1), ("chat1", "foreground", 250, 0, 0, False, 0.9)],
-    [("chat0", "foreground", 300, 300, 9, True, 0.2), ("chat1", "foreground", 250, 64, 0, True, 0.9),
-     ("doc0", "background", 3000, 3000, 7, True, 0.0), ("doc1", "background", 2000, 1536, 0, True, 0.1)],
-    [("chat0", "foreground", 300, 300, 30, True, 0.2), ("chat1", "foreground", 250, 250, 12, True, 0.9),
-     ("doc1", "background", 2000, 1990, 0, True, 0.1)],
-    [("chat1", "foreground", 250, 250, 40, True, 0.9), ("doc1", "background", 2000, 2000, 4, True, 0.1),
-     ("doc2", "background", 1000, 0, 0, False, 2.0)],
-]  # fmt: skip
+    [
+        ("doc0", "background", 3000, 1024, 0, True, 0.0),
+        ("chat0", "foreground", 300, 0, 0, False, 0.2),
+    ],
+    [
+        ("doc0", "background", 3000, 1024, 0, True, 0.0),
+        ("chat0", "foreground", 300, 96, 0, True, 0.2),
+        ("doc1", "background", 2000, 0, 0, False, 0.1),
+    ],
+    [
+        ("chat0", "foreground", 300, 300, 5, True, 0.2),
+        ("doc0", "background", 3000, 3000, 3, True, 0.0),
+        ("doc1", "background", 2000, 512, 0, True, 0.1),
+        ("chat1", "foreground", 250, 0, 0, False, 0.9),
+    ],
+    [
+        ("chat0", "foreground", 300, 300, 9, True, 0.2),
+        ("chat1", "foreground", 250, 64, 0, True, 0.9),
+        ("doc0", "background", 3000, 3000, 7, True, 0.0),
+        ("doc1", "background", 2000, 1536, 0, True, 0.1),
+    ],
+    [
+        ("chat0", "foreground", 300, 300, 30, True, 0.2),
+        ("chat1", "foreground", 250, 250, 12, True, 0.9),
+        ("doc1", "background", 2000, 1990, 0, True, 0.1),
+    ],
+    [
+        ("chat1", "foreground", 250, 250, 40, True, 0.9),
+        ("doc1", "background", 2000, 2000, 4, True, 0.1),
+        ("doc2", "background", 1000, 0, 0, False, 2.0),
+    ],
+]
 
 
-def core_candidates(script_state, n_batch):
+def core_scheduler(script_state, n_batch):
     from tests.helpers import make_scheduler
 
     sched, _ = make_scheduler(n_batch=n_batch, n_seq_max=8)
@@ -463,19 +488,24 @@ def core_candidates(script_state, n_batch):
             req.output = [7] * outputs
             if computed == prompt:
                 req.status = Status.DECODE
-    return sched.candidates()
+    return sched
 
 
 def vllm_candidates(scheduler, script_state, t0):
+    """The script's requests as vLLM's scheduler lists them: candidates, and plan rows."""
     from vllm import SamplingParams
     from vllm.v1.request import Request as VllmRequest
 
     running, waiting = [], []
     for rid, cls, prompt, computed, outputs, admitted, arrival in script_state:
         req = VllmRequest(
-            rid, list(range(10, 10 + prompt)), SamplingParams(max_tokens=64), None,
-            arrival_time=t0 + arrival, priority=0 if cls == "foreground" else 1,
-        )  # fmt: skip
+            rid,
+            list(range(10, 10 + prompt)),
+            SamplingParams(max_tokens=64),
+            None,
+            arrival_time=t0 + arrival,
+            priority=0 if cls == "foreground" else 1,
+        )
         for _ in range(outputs):
             req.append_output_token_ids(7)
         req.num_computed_tokens = computed + max(outputs - 1, 0)
@@ -484,7 +514,8 @@ def vllm_candidates(scheduler, script_state, t0):
     held = scheduler.running, scheduler.waiting
     scheduler.running, scheduler.waiting = running, waiting
     try:
-        return scheduler._ep_candidates()
+        candidates = scheduler._ep_candidates()
+        return candidates, scheduler._ep_rows(candidates)
     finally:
         scheduler.running, scheduler.waiting = held
         for rid, *_ in script_state:
@@ -493,7 +524,11 @@ def vllm_candidates(scheduler, script_state, t0):
 
 @pytest.mark.parametrize("spec", ["cadence", "ppas", "dlfp", "static:64", "unlimited"])
 def test_both_engines_plan_the_same_scripted_states_identically(vllm_backend, vllm_profile, spec):
+    """The same states, described by each engine's own requests, give the same decisions,
+    and the same plans: llama.cpp's scheduler after admitting what it can (as its engine
+    does before planning), vLLM's adapter over its running and admissible waiting ones."""
     from edgeprefill.runtime.core.planner import Planner
+    from edgeprefill.runtime.core.planning import Chunking, make_plan
 
     planners = []
     for _ in range(2):
@@ -504,7 +539,15 @@ def test_both_engines_plan_the_same_scripted_states_identically(vllm_backend, vl
     core, vllm = planners
     n_batch, t0, now = 1024, 0.0, 1.25  # vLLM's wall-clock arrival times, from 0 here
     for script_state in SCRIPT:
-        ours = core_candidates(script_state, n_batch)
-        theirs = vllm_candidates(vllm_backend.scheduler, script_state, t0)
+        sched = core_scheduler(script_state, n_batch)
+        ours = sched.candidates()
+        theirs, rows = vllm_candidates(vllm_backend.scheduler, script_state, t0)
         assert core.state(ours, n_batch, now) == vllm.state(theirs, n_batch, t0 + now)
-        assert core.decide(ours, n_batch, now) == vllm.decide(theirs, n_batch, t0 + now)
+        decision = core.decide(ours, n_batch, now)
+        assert decision == vllm.decide(theirs, n_batch, t0 + now)
+        list(sched.admit())
+        plan, their_plan = sched.plan(decision), make_plan(decision, rows, Chunking(n_batch))
+        assert (plan.prefill, plan.deferred) == (their_plan.prefill, their_plan.deferred)
+        assert sorted(plan.decode) == sorted(their_plan.decode)
+        assert plan.n_prefill_foreground == their_plan.n_prefill_foreground
+        assert plan.n_decode_foreground == their_plan.n_decode_foreground

@@ -8,9 +8,9 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make test installs its CPU build)")
 
-from edgeprefill.backends.vllm.backend import VllmBackend, VllmSettings  # noqa: E402
+from edgeprefill.backends.vllm.backend import VllmBackend  # noqa: E402
 from tests.test_vllm import Recording, drain, requests  # noqa: E402
-from tests.vllm_model import write_tiny_model  # noqa: E402
+from tests.vllm_model import tiny_settings, write_tiny_model  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -22,9 +22,7 @@ def test_the_async_scheduler_variant_caps_and_times_steps_too(tmp_path, monkeypa
 
     monkeypatch.setitem(vb.SCHEDULERS, False, vb.SCHEDULERS[True])
     folder = write_tiny_model(tmp_path / "model")
-    settings = VllmSettings(
-        folder, n_ctx=2048, n_batch=1024, dtype="float32", enforce_eager=True, kv_cache_gib=0.25
-    )
+    settings = tiny_settings(folder)
     with VllmBackend(settings) as be:
         assert be.describe()["scheduler"] == "EdgeprefillAsyncScheduler"
         policy = Recording(40)

@@ -53,7 +53,7 @@ def test_a_gpu_only_option_without_a_gpu(tmp_path):
             "m",
             "--tensor-parallel-size",
             "2",
-        )  # fmt: skip
+        )
     )
     assert "--tensor-parallel-size 2" in line and "GPU" in line
 
@@ -111,10 +111,28 @@ def test_the_vllm_backend_runs_without_llama_cpp_python(tmp_path):
     (tmp_path / "w.yaml").write_text(SMALL)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocked.parent), str(ROOT)])}
     cmd = [
-        sys.executable, "-m", "edgeprefill.runtime.cli", "run", "w.yaml", "--backend", "vllm",
-        "--model", str(model), "--n-ctx", "2048", "--n-batch", "1024", "--n-seq-max", "8",
-        "--kv-cache-gib", "0.25", "--enforce-eager", "--no-progress", "--out", "out",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "edgeprefill.runtime.cli",
+        "run",
+        "w.yaml",
+        "--backend",
+        "vllm",
+        "--model",
+        str(model),
+        "--n-ctx",
+        "2048",
+        "--n-batch",
+        "1024",
+        "--n-seq-max",
+        "8",
+        "--kv-cache-gib",
+        "0.25",
+        "--enforce-eager",
+        "--no-progress",
+        "--out",
+        "out",
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())

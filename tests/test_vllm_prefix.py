@@ -7,20 +7,17 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make test installs its CPU build)")
 
-from edgeprefill.backends.vllm.backend import VllmBackend, VllmSettings  # noqa: E402
+from edgeprefill.backends.vllm.backend import VllmBackend  # noqa: E402
 from edgeprefill.runtime.core.request import Request  # noqa: E402
 from tests.test_vllm import Recording, drain  # noqa: E402
-from tests.vllm_model import write_tiny_model  # noqa: E402
+from tests.vllm_model import tiny_settings, write_tiny_model  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
 def test_a_question_about_a_read_document_reuses_vllms_cached_blocks(tmp_path):
     folder = write_tiny_model(tmp_path / "model")
-    settings = VllmSettings(
-        folder, n_ctx=2048, n_batch=1024, dtype="float32", enforce_eager=True,
-        kv_cache_gib=0.25, prefix_caching=True,
-    )  # fmt: skip
+    settings = tiny_settings(folder, prefix_caching=True)
     with VllmBackend(settings) as be:
         tok = be.tokenizer
         document = tok.encode(

@@ -35,17 +35,42 @@ def free_port() -> int:
 def start(model, steps, port) -> subprocess.Popen:
     config = {"edgeprefill": {"policy": f"static:{CAP}", "steps": str(steps)}}
     cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-        "--served-model-name", "m",
-        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-        "--max-model-len", "2048", "--max-num-batched-tokens", "256", "--max-num-seqs", "8",
-        "--kv-cache-memory-bytes", str(256 << 20), "--scheduling-policy", "priority",
-        "--no-enable-prefix-caching", "--tensor-parallel-size", "2",
-        "--distributed-executor-backend", "mp",
-        "--scheduler-cls", "edgeprefill.backends.vllm.scheduler.EdgeprefillScheduler",
-        "--worker-cls", "edgeprefill.backends.vllm.worker.TimedCPUWorker",
-        "--additional-config", json.dumps(config),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--served-model-name",
+        "m",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "2048",
+        "--max-num-batched-tokens",
+        "256",
+        "--max-num-seqs",
+        "8",
+        "--kv-cache-memory-bytes",
+        str(256 << 20),
+        "--scheduling-policy",
+        "priority",
+        "--no-enable-prefix-caching",
+        "--tensor-parallel-size",
+        "2",
+        "--distributed-executor-backend",
+        "mp",
+        "--scheduler-cls",
+        "edgeprefill.backends.vllm.scheduler.EdgeprefillScheduler",
+        "--worker-cls",
+        "edgeprefill.backends.vllm.worker.TimedCPUWorker",
+        "--additional-config",
+        json.dumps(config),
+    ]
     # One core for each rank's threads (vLLM cannot bind two ranks to one NUMA node itself).
     first, second = sorted(os.sched_getaffinity(0))[:2]  # whichever cores this process has
     bind = f"{first}|{second}"
@@ -54,8 +79,13 @@ def start(model, steps, port) -> subprocess.Popen:
 
 
 def complete(base: str, prompt: str, max_tokens: int, priority: int) -> dict:
-    body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "priority": priority,
-            "ignore_eos": True}  # fmt: skip
+    body = {
+        "model": "m",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "priority": priority,
+        "ignore_eos": True,
+    }
     r = httpx.post(f"{base}/v1/completions", json=body, timeout=300)
     assert r.status_code == 200, r.text
     return r.json()["usage"]

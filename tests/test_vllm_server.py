@@ -13,9 +13,9 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed (make test installs its CPU build)")
 openai = pytest.importorskip("openai")
 
-from edgeprefill.backends.vllm.backend import VllmBackend, VllmSettings  # noqa: E402
+from edgeprefill.backends.vllm.backend import VllmBackend  # noqa: E402
 from tests.server_helpers import KEY, serving  # noqa: E402
-from tests.vllm_model import write_tiny_model  # noqa: E402
+from tests.vllm_model import tiny_settings, write_tiny_model  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -26,10 +26,7 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 @pytest.fixture(scope="module")
 def vllm_backend(tmp_path_factory):
     folder = write_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-    settings = VllmSettings(
-        folder, n_ctx=2048, n_batch=512, n_seq_max=8, dtype="float32",
-        enforce_eager=True, kv_cache_gib=0.25, prefix_caching=True,
-    )  # fmt: skip
+    settings = tiny_settings(folder, n_batch=512, n_seq_max=8, prefix_caching=True)
     with VllmBackend(settings) as be:
         yield be
 
@@ -57,11 +54,14 @@ def test_a_chat_streams_on_vllm_while_a_document_is_indexed_and_asked_about(vllm
         doc_id = doc.json()["id"]
         chunks = list(
             c.chat.completions.create(
-                model="tiny", messages=[{"role": "user", "content": WORDS}], max_tokens=12,
-                stream=True, stream_options={"include_usage": True},
+                model="tiny",
+                messages=[{"role": "user", "content": WORDS}],
+                max_tokens=12,
+                stream=True,
+                stream_options={"include_usage": True},
                 extra_body={"ignore_eos": True},
             )
-        )  # fmt: skip
+        )
         assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
         assert chunks[-1].usage.completion_tokens == 12
         assert sum(bool(ch.choices and ch.choices[0].delta.content) for ch in chunks) >= 2
@@ -70,9 +70,11 @@ def test_a_chat_streams_on_vllm_while_a_document_is_indexed_and_asked_about(vllm
         assert state["prompt_tokens_read"] == state["prompt_tokens"] > 300
         # Asked about by id: vLLM's cached blocks of the document supply its prompt.
         answer = c.completions.create(
-            model="tiny", prompt=" which garden?", max_tokens=4,
+            model="tiny",
+            prompt=" which garden?",
+            max_tokens=4,
             extra_body={"document_id": doc_id, "ignore_eos": True},
-        )  # fmt: skip
+        )
         assert answer.usage.prompt_tokens_details.cached_tokens >= 256
         assert answer.usage.prompt_tokens > answer.usage.prompt_tokens_details.cached_tokens
         metrics = httpx.get(f"{base}/metrics", headers=AUTH).text
@@ -85,5 +87,7 @@ def test_a_chat_streams_on_vllm_while_a_document_is_indexed_and_asked_about(vllm
     assert summary["accounting"]["reconciled"] and summary["completed"] == 3
     lines = (results / "requests.jsonl").read_text().splitlines()
     assert sorted(json.loads(line)["class"] for line in lines) == [
-        "background", "foreground", "foreground",
-    ]  # fmt: skip
+        "background",
+        "foreground",
+        "foreground",
+    ]

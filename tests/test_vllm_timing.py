@@ -7,7 +7,7 @@ import pytest
 
 from edgeprefill.backends.vllm.steps import StepLedger, StepRecord, prompt_left
 from edgeprefill.backends.vllm.timing import CudaEventTimer, PerfCounterTimer
-from edgeprefill.runtime.core.plan import Plan
+from edgeprefill.runtime.core.plan import Decision, Plan
 
 
 class FakeEvent:
@@ -61,9 +61,9 @@ def test_perf_counter_readings_are_ready_when_the_step_returns():
 
 
 def record(step: int, decode: int, prefill: int) -> StepRecord:
-    plan = Plan(64, tuple(f"d{i}" for i in range(decode)), {"p": prefill} if prefill else {})
-    classes = {rid: "foreground" for rid in plan.num_scheduled_tokens}
-    return StepRecord(step, float(step), plan, classes, 0, decode)
+    decodes = tuple(f"d{i}" for i in range(decode))
+    plan = Plan(Decision(64), decodes, {"p": prefill} if prefill else {}, foreground={"p", *decodes})
+    return StepRecord(step, float(step), plan, 0, decode)
 
 
 def test_a_late_reading_is_matched_to_the_step_it_measured():

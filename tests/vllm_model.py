@@ -6,6 +6,7 @@ what tests check with it is scheduling, timing and bookkeeping, never text quali
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -48,3 +49,18 @@ def write_tiny_model(folder: Path) -> Path:
     )
     Qwen2ForCausalLM(config).save_pretrained(folder)
     return folder
+
+
+def tiny_settings(folder: Path, **kw: Any) -> Any:
+    """vLLM settings the tests run the tiny model with: small, exact and quick to start
+    on a CPU (float32, no graph capture, a quarter GiB of KV cache); `kw` overrides."""
+    from edgeprefill.backends.vllm.backend import VllmSettings
+
+    defaults = {
+        "n_ctx": 2048,
+        "n_batch": 1024,
+        "dtype": "float32",
+        "enforce_eager": True,
+        "kv_cache_gib": 0.25,
+    }
+    return VllmSettings(folder, **{**defaults, **kw})

@@ -19,8 +19,10 @@ def cpu_isa(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
         text = cpuinfo.read_text()
     except OSError:
         return []
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
-                  if line.startswith("flags")), [])  # fmt: skip
+    flags = next(
+        (line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")),
+        [],
+    )
     return [f for f in ISA_FLAGS if f in flags]
 
 

@@ -194,9 +194,14 @@ class LlamaCppBackend(Backend):
             return
         c = self.config
         check_fits(
-            footprint, c.n_ctx, c.n_seq_max, n_ubatch, self.model.n_swa, c.kv_unified,
+            footprint,
+            c.n_ctx,
+            c.n_seq_max,
+            n_ubatch,
+            self.model.n_swa,
+            c.kv_unified,
             largest_ubatch,
-        )  # fmt: skip
+        )
 
     def _context(self) -> LlamaContext:
         c = self.config

@@ -158,13 +158,7 @@ class VllmEngine:
             self.on_tokens()
         self._note_progress()
         iterations = [
-            Iteration(
-                c.record.t_start_s,
-                self._ours(c.record.plan),
-                c.timing,
-                c.record.prefill_by_class,
-                c.policy_state,
-            )
+            Iteration(c.record.t_start_s, self._ours(c.record.plan), c.timing, c.policy_state)
             for c in self.scheduler.take_completed()
         ]
         if not iterations and not finished and self.scheduler.ep_ledger.next_step == before:
@@ -189,6 +183,7 @@ class VllmEngine:
             decode=tuple(ext.get(r, r) for r in plan.decode),
             prefill={ext.get(r, r): n for r, n in plan.prefill.items()},
             deferred=tuple(ext.get(r, r) for r in plan.deferred),
+            foreground=frozenset(ext.get(r, r) for r in plan.foreground),
         )
 
     def cancel(self, req: Request) -> bool:

@@ -33,9 +33,10 @@ from edgeprefill.backends.vllm.steps import (
     prompt_left,
 )
 from edgeprefill.runtime.core.budget import BackgroundCap, BudgetPolicy
-from edgeprefill.runtime.core.plan import Decision, Plan, riders
-from edgeprefill.runtime.core.planner import Planner
-from edgeprefill.runtime.core.state import Candidate
+from edgeprefill.runtime.core.contract import ctx_work
+from edgeprefill.runtime.core.plan import Plan
+from edgeprefill.runtime.core.planner import Candidate, Planner
+from edgeprefill.runtime.core.planning import Chunking, PlanRow, make_plan
 from edgeprefill.runtime.core.steplimit import StepLimit
 from edgeprefill.runtime.policies import parse_policy
 
@@ -49,10 +50,6 @@ if not hasattr(Scheduler, "_reserve_prefill_lookahead"):  # private API: checked
 def _left(req: Any, num_computed: int | None = None) -> int:
     computed = req.num_computed_tokens if num_computed is None else num_computed
     return prompt_left(req.num_tokens, req.num_output_tokens, computed)
-
-
-def _outputs(req: Any) -> int:
-    return int(req.num_output_tokens)
 
 
 class BudgetMixin:
@@ -88,10 +85,10 @@ class BudgetMixin:
         self.ep_ledger = StepLedger(old.next_step if old is not None else 0)
         self.ep_completed: list[CompletedStep] = []
         self._ep_sink = None
-        self._ep_left: int | None = None
-        self._ep_bg_left: int | None = None
-        self._ep_defer: tuple[str, ...] = ()  # background decodes this step leaves out
-        self._ep_fg_floor = 0  # prompt tokens the first waiting chat gets, budget or not
+        # This step's plan as vLLM applies it: prompt tokens granted by request id (None:
+        # vLLM's own batching), and the background decodes it leaves out.
+        self._ep_grant: dict[str, int] | None = None
+        self._ep_defer: frozenset[str] = frozenset()
         # The engine's requests' first-token targets (absolute, relative), by vLLM's id.
         self.ep_ttft_targets: dict[str, tuple[float | None, float | None]] = getattr(
             self, "ep_ttft_targets", {}
@@ -122,49 +119,30 @@ class BudgetMixin:
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         t_start = self.ep_clock()
         n_batch = self.max_num_scheduled_tokens  # type: ignore[attr-defined]
-        decision = self.ep_planner.decide(self._ep_candidates(), n_batch, time.time())
-        self._ep_apply(decision)
+        candidates = self._ep_candidates()
+        decision = self.ep_planner.decide(candidates, n_batch, time.time())
+        plan = make_plan(decision, self._ep_rows(candidates), Chunking(n_batch))
+        self._ep_defer = frozenset(plan.deferred)
+        self._ep_grant = dict(plan.prefill) if decision.constrains else None
         try:
             out = super().schedule(*args, **kwargs)  # type: ignore[misc]
         finally:
-            self._ep_left = self._ep_bg_left = None
+            self._ep_grant, self._ep_defer = None, frozenset()
         if out.total_num_scheduled_tokens > 0:
-            self.ep_ledger.add(self._ep_record(out, t_start, decision))
+            self.ep_ledger.add(self._ep_record(out, t_start, plan))
         return out
 
-    def _ep_apply(self, decision: Decision) -> None:
-        """The decision as the caps `_reserve_prefill_lookahead` applies this step."""
-        decodes = [r for r in self.running if _left(r) == 0]  # type: ignore[attr-defined]
-        background = [r for r in decodes if class_of(r.priority) == "background"]
-        riding = {r.request_id for r in riders(background, decision, _outputs)}
-        self._ep_defer = tuple(r.request_id for r in background if r.request_id not in riding)
-        self._ep_fg_floor = decision.floor or 0
-        self._ep_left, self._ep_bg_left = decision.budget, decision.background_cap
-        if decision.foreground_alone:
-            held = self._ep_foreground_first(decision.budget, len(decodes) - len(self._ep_defer))
-            if held is not None:
-                bg = self._ep_bg_left
-                self._ep_bg_left = held if bg is None else min(bg, held)
-
-    def _ep_foreground_first(self, budget: int | None, n_decode: int) -> int | None:
-        """The most background prompt tokens this step while foreground prompt work waits:
-        what the budget (or the step's room) leaves after it. vLLM schedules running
-        requests before waiting ones whatever their priority, so without this a chat that
-        arrives while documents are being read would wait for their whole prompts; the
-        llama.cpp scheduler serves foreground prompts first, and so does this one."""
-        running = [r for r in self.running if class_of(r.priority) == "foreground"]  # type: ignore[attr-defined]
-        waiting = [r for r in self.waiting if class_of(r.priority) == "foreground"]  # type: ignore[attr-defined]
-        pending = sum(_left(r) for r in running)
-        if waiting and self._ep_can_admit(min(waiting, key=lambda r: r.arrival_time)):
-            pending += sum(_left(r) for r in waiting)
-        if pending == 0:
-            return None
-        # With no budget, no background prompt work rides beside a chat's prompt (as on
-        # llama.cpp); with one, background gets what the foreground leaves of it.
-        if budget is None:
-            return 0
-        room = self.max_num_scheduled_tokens - n_decode  # type: ignore[attr-defined]
-        return max(min(budget, room) - pending, 0)
+    def _ep_rows(self, candidates: list[Candidate]) -> list[PlanRow]:
+        """The running requests and the waiting ones that can be admitted now, as the plan
+        sees them (`candidates` lists them in the same order). vLLM schedules running
+        requests before waiting ones whatever their priority; the plan puts a waiting
+        chat's prompt before a running document's, as on llama.cpp."""
+        requests = [*self.running, *self.waiting]  # type: ignore[attr-defined]
+        return [
+            PlanRow(r.request_id, c.cls, c.prompt_left, r.num_output_tokens)
+            for r, c in zip(requests, candidates, strict=True)
+            if c.admitted or c.admissible
+        ]
 
     def _ep_can_admit(self, request: Any) -> bool:
         """Whether a waiting request has a sequence slot and KV blocks now: holding
@@ -175,51 +153,43 @@ class BudgetMixin:
         return pool.get_num_free_blocks() * self.block_size > _left(request)  # type: ignore[attr-defined]
 
     def _reserve_prefill_lookahead(self, request: Any, num_computed: int, num_new: int) -> int:
+        """vLLM's tokens for `request` this step, within what the plan granted it (charged
+        now, before vLLM allocates KV blocks: a request that then cannot be allocated
+        leaves the step below the plan, never above it)."""
         n = super()._reserve_prefill_lookahead(request, num_computed, num_new)  # type: ignore[misc]
+        rid = request.request_id
         prompt = min(n, _left(request, num_computed))
         if prompt == 0:  # a decode: never capped, but a background one may be deferred
-            return 0 if request.request_id in self._ep_defer else n
-        if self._ep_left is None and self._ep_bg_left is None:
-            return n  # no cap this step
-        background = class_of(request.priority) == "background"
-        allowed = prompt if self._ep_left is None else min(prompt, self._ep_left)
-        if not background and self._ep_fg_floor:  # sized by its TTFT target
-            allowed = max(allowed, min(prompt, self._ep_fg_floor))
-            self._ep_fg_floor = 0
-        if background and self._ep_bg_left is not None:
-            allowed = min(allowed, self._ep_bg_left)
-        # Charged now, before vLLM allocates KV blocks: a candidate that then cannot be
-        # allocated leaves the step below the cap, never above it.
-        if self._ep_left is not None:
-            self._ep_left = max(self._ep_left - allowed, 0)
-        if background and self._ep_bg_left is not None:
-            self._ep_bg_left -= allowed
+            return 0 if rid in self._ep_defer else n
+        if self._ep_grant is None:
+            return n
+        allowed = min(prompt, self._ep_grant.get(rid, 0))
+        self._ep_grant[rid] = self._ep_grant.get(rid, 0) - allowed
         return allowed
 
-    def _ep_record(self, out: Any, t_start: float, decision: Decision) -> StepRecord:
+    def _ep_record(self, out: Any, t_start: float, planned: Plan) -> StepRecord:
+        """What vLLM scheduled of the plan (a request it could not allocate, or a prefix it
+        found cached, leaves less)."""
         decode: list[str] = []
         prefill: dict[str, int] = {}
-        classes: dict[str, str] = {}
-        by_class = {"foreground": 0, "background": 0}
-        ctx_work = n_sampled = 0
+        foreground: set[str] = set()
+        ctx = n_sampled = 0
         for rid, n in out.num_scheduled_tokens.items():
             req = self.requests[rid]  # type: ignore[attr-defined]
             before = req.num_computed_tokens - n  # vLLM advanced it when it scheduled
-            cls = classes[rid] = class_of(req.priority)
             prompt = min(n, _left(req, before))
-            ctx_work += n * before + n * (n + 1) // 2
+            ctx += ctx_work(n, before)
+            if class_of(req.priority) == "foreground":
+                foreground.add(rid)
             if prompt == 0:
                 decode.append(rid)
                 n_sampled += 1
                 continue
             prefill[rid] = prompt
-            by_class[cls] += prompt
             n_sampled += before + n >= req.num_tokens  # the chunk ends the prompt: samples
-        deferred = tuple(r for r in self._ep_defer if r not in out.num_scheduled_tokens)
-        plan = Plan(decision, tuple(decode), prefill, deferred)
-        return StepRecord(
-            self.ep_ledger.next_step, t_start, plan, classes, ctx_work, n_sampled, by_class
-        )
+        deferred = tuple(r for r in planned.deferred if r not in out.num_scheduled_tokens)
+        plan = Plan(planned.decision, tuple(decode), prefill, deferred, foreground)
+        return StepRecord(self.ep_ledger.next_step, t_start, plan, ctx, n_sampled)
 
     # --- after the step ---------------------------------------------------------------
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:

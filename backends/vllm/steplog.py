@@ -22,7 +22,7 @@ class StepLog:
         if self._file is None:
             return
         r = step.record
-        it = Iteration(r.t_start_s, r.plan, step.timing, r.prefill_by_class, step.policy_state)
+        it = Iteration(r.t_start_s, r.plan, step.timing, step.policy_state)
         self._file.write(json.dumps({"step": r.step, **it.record()}) + "\n")
 
 

@@ -5,7 +5,7 @@ Kept free of vLLM imports so the matching of late timings to steps is testable a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from edgeprefill.runtime.core.plan import IterationTiming, Plan
@@ -41,10 +41,8 @@ class StepRecord:
     step: int  # the scheduler's count of steps that computed tokens, from 0
     t_start_s: float
     plan: Plan
-    classes: dict[str, str]  # request id -> class
     ctx_work: int
     n_sampled: int
-    prefill_by_class: dict[str, int] = field(default_factory=dict)
 
     @property
     def tokens(self) -> int:
@@ -55,12 +53,12 @@ class StepRecord:
             duration_s=duration_s,
             n_decode=self.plan.n_decode,
             n_prefill=self.plan.n_prefill,
-            n_decode_foreground=sum(self.classes[rid] == "foreground" for rid in self.plan.decode),
+            n_decode_foreground=self.plan.n_decode_foreground,
             budget=self.plan.budget,
             n_chunks=len(self.plan.prefill),
             ctx_work=self.ctx_work,
             n_sampled=self.n_sampled,
-            n_prefill_foreground=self.prefill_by_class.get("foreground", 0),
+            n_prefill_foreground=self.plan.n_prefill_foreground,
         )
 
 

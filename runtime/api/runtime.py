@@ -46,7 +46,7 @@ from edgeprefill.runtime.core.scheduler import BackgroundLimits
 from edgeprefill.runtime.policies import DEFAULT_POLICY, parse_policy
 from edgeprefill.runtime.runner.calibration import probe_device
 from edgeprefill.runtime.runner.drivers import open_driver
-from edgeprefill.runtime.runner.results import RunWriter
+from edgeprefill.runtime.runner.results import RunWriter, run_meta
 from edgeprefill.runtime.runner.signals import on_stop_signals
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,7 @@ class Runtime:
         metrics); they must be quick."""
         self.backend = backend
         self.policy = parse_policy(policy) if isinstance(policy, str) else policy
+        self._spec = policy if isinstance(policy, str) else self.policy.spec
         self._writer = RunWriter(results) if results is not None else None
         self._on_iteration, self._on_end = on_iteration, on_end
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
@@ -504,12 +505,10 @@ class Runtime:
             _attempt("close the result files", self._writer.close)
 
     def _write_summary(self, writer: RunWriter) -> None:
-        meta = {
-            "backend": self.backend.describe(),
-            "policy": {**self.policy.describe(), "spec": self.policy.name},
-            "workload": {"name": "runtime", "path": None},
-            "failure": self.failure,
-        }
+        workload = {"name": "runtime", "path": None}
+        meta = run_meta(
+            self.backend.describe(), self.policy, self._spec, workload, failure=self.failure
+        )
         now = self.engine.clock.now()
         writer.write_summary(writer.summary(meta, now, self._interrupted, 0))
 

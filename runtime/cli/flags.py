@@ -15,6 +15,14 @@ def flag(name: str) -> str:
 
 def as_flags(message: str) -> str:
     """`n_ctx` -> --n-ctx in an error message, for the names a command line sets."""
-    known = {"model", "policy", "n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_threads",
-             "max_decode_group"}  # fmt: skip
+    known = {
+        "model",
+        "policy",
+        "n_ctx",
+        "n_batch",
+        "n_ubatch",
+        "n_seq_max",
+        "n_threads",
+        "max_decode_group",
+    }
     return re.sub(r"`(\w+)`", lambda m: flag(m[1]) if m[1] in known else m[0], message)

@@ -254,9 +254,17 @@ def _compare_one(rates: list[float] | None, o: dict[str, Any]) -> None:
     path = out / ("comparison.json" if rates is None else "sweep.json")
     with open_device(o, expected_work(spec)) as (make_backend, profile):
         c = Comparison(
-            spec, workload, names, bases, seeds, make_backend, profile, out, options,
+            spec,
+            workload,
+            names,
+            bases,
+            seeds,
+            make_backend,
+            profile,
+            out,
+            options,
             simulated=o["backend"] == "sim",
-        )  # fmt: skip
+        )
         try:
             if rates is None:
                 report, checks = run_comparison(c)

@@ -103,6 +103,13 @@ class BudgetPolicy(ABC):
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "params": self.params()}
 
+    @property
+    def spec(self) -> str:
+        """This policy as `--policy` spells it, with the parameters it runs with (a policy
+        built in code has no spec of its own; results name it by this)."""
+        params = ",".join(f"{k}={v}" for k, v in self.params().items() if v is not None)
+        return f"{self.name}:{params}" if params else self.name
+
 
 class BackgroundCap(Protocol):
     """Scales the background's prompt tokens down for a reason outside the scheduler (the

@@ -8,13 +8,15 @@ cache, batch buffers, samplers) and runs exactly the batch it is given.
 
 from __future__ import annotations
 
+import functools
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from edgeprefill.runtime.core.plan import IterationTiming
+from edgeprefill.runtime.core.plan import IterationTiming, Plan
+from edgeprefill.runtime.core.planning import Chunking
 from edgeprefill.runtime.core.request import SamplingParams
 from edgeprefill.runtime.core.resource import Closeable
 
@@ -37,6 +39,10 @@ class Capacity:
     max_chunk: int | None = None  # most prompt tokens of one request per iteration
     chunk_quantum: int = 1
 
+    @functools.cached_property
+    def chunking(self) -> Chunking:
+        return Chunking(self.n_batch, self.min_chunk, self.chunk_quantum, self.max_chunk)
+
     def __post_init__(self) -> None:
         values = (self.n_batch, self.n_ctx, self.n_seq_max, self.n_ctx_seq, self.min_chunk)
         if min(*values, self.chunk_quantum, self.max_chunk or 1) < 1:
@@ -58,22 +64,20 @@ class SeqWork:
 
     @property
     def ctx_work(self) -> int:
-        """KV cells its tokens attend to: positions pos+1 .. pos+len, summed."""
-        n = len(self.tokens)
-        return n * self.pos + n * (n + 1) // 2
+        return ctx_work(len(self.tokens), self.pos)
+
+
+def ctx_work(n: int, pos: int) -> int:
+    """KV cells `n` tokens from position `pos` attend to: positions pos+1 .. pos+n, summed."""
+    return n * pos + n * (n + 1) // 2
 
 
 def timing_of(
-    work: list[SeqWork],
-    duration_s: float,
-    *,
-    n_decode_foreground: int = 0,
-    budget: int | None = None,
-    host_s: float | None = None,
-    n_prefill_foreground: int = 0,
+    work: list[SeqWork], duration_s: float, plan: Plan | None = None, host_s: float | None = None
 ) -> IterationTiming:
     """A completed iteration's timing, its composition counted from the batch it ran (one
-    pass over the work: this runs between two device calls, where a chat's token waits)."""
+    pass over the work: this runs between two device calls, where a chat's token waits)
+    and its classes from the `plan` it ran."""
     n_decode = n_prefill = n_chunks = ctx_work = n_sampled = 0
     for w in work:
         ctx_work += w.ctx_work
@@ -84,11 +88,17 @@ def timing_of(
             n_prefill += len(w.tokens)
             n_chunks += 1
     return IterationTiming(
-        duration_s=duration_s, n_decode=n_decode, n_prefill=n_prefill,
-        n_decode_foreground=n_decode_foreground, budget=budget, n_chunks=n_chunks,
-        ctx_work=ctx_work, n_sampled=n_sampled, host_s=host_s,
-        n_prefill_foreground=n_prefill_foreground,
-    )  # fmt: skip
+        duration_s=duration_s,
+        n_decode=n_decode,
+        n_prefill=n_prefill,
+        n_decode_foreground=0 if plan is None else plan.n_decode_foreground,
+        budget=None if plan is None else plan.budget,
+        n_chunks=n_chunks,
+        ctx_work=ctx_work,
+        n_sampled=n_sampled,
+        host_s=host_s,
+        n_prefill_foreground=0 if plan is None else plan.n_prefill_foreground,
+    )
 
 
 class Tokenizer(Protocol):

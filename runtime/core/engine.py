@@ -33,7 +33,6 @@ class Executed:
     timing: IterationTiming
     landed_s: float  # when the device call returned
     sampled: dict[int, int] = field(default_factory=dict)  # sequence id -> new token
-    prefill_by_class: dict[str, int] = field(default_factory=dict)
     preempted: dict[str, Any] | None = None  # prompt tokens kept and lost, abort latency
     error: str | None = None
 
@@ -165,8 +164,7 @@ class Engine:
         prompt work; documents' decodes in it finish first (the backend computes them
         before any prompt chunk). Chats' work is never stopped: neither their prompts nor
         iterations that carry their tokens."""
-        n_decode_fg, n_prefill_fg = self._foreground_share(plan)
-        chats = n_decode_fg or n_prefill_fg
+        chats = plan.n_decode_foreground or plan.n_prefill_foreground
         abortable = self.backend.supports_abort and plan.n_prefill > 0 and not chats
         work = self.scheduler.work(plan)
         started = self.clock.now()
@@ -187,29 +185,8 @@ class Engine:
         preempted = None
         if result.kept is not None:  # only an iteration without chats' work is stopped
             plan, work, preempted = self._kept(plan, work, result.kept, landed)
-        by_class = {"foreground": n_prefill_fg, "background": plan.n_prefill - n_prefill_fg}
-        timing = timing_of(
-            work,
-            result.duration_s,
-            n_decode_foreground=n_decode_fg,
-            budget=plan.budget,
-            host_s=host_s,
-            n_prefill_foreground=n_prefill_fg,
-        )
-        return Executed(plan, timing, landed, result.sampled, by_class, preempted)
-
-    def _foreground_share(self, plan: Plan) -> tuple[int, int]:
-        """The plan's foreground decodes and foreground prompt tokens (plain loops: this
-        runs between two device calls, where a chat's token waits)."""
-        running = self.scheduler.by_id
-        n_decode = n_prefill = 0
-        for rid in plan.decode:
-            if running[rid].cls == "foreground":
-                n_decode += 1
-        for rid, n in plan.prefill.items():
-            if running[rid].cls == "foreground":
-                n_prefill += n
-        return n_decode, n_prefill
+        timing = timing_of(work, result.duration_s, plan, host_s)
+        return Executed(plan, timing, landed, result.sampled, preempted)
 
     def _kept(
         self, plan: Plan, work: list[SeqWork], kept_by_seq: dict[int, int], landed: float
@@ -255,7 +232,6 @@ class Engine:
             t_start,
             ran.plan,
             ran.timing,
-            ran.prefill_by_class,
             self.planner.snapshot(),
             finished,
             ran.error,

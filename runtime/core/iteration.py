@@ -16,7 +16,6 @@ class Iteration:
     t_start_s: float
     plan: Plan  # what ran (of a preempted iteration: the part it kept)
     timing: IterationTiming
-    prefill_by_class: dict[str, int]
     policy_state: dict[str, Any]
     finished: list[Request] = field(default_factory=list)
     error: str | None = None
@@ -38,8 +37,8 @@ class Iteration:
             "n_decode_foreground": self.timing.n_decode_foreground,
             "n_decode_deferred": len(self.plan.deferred),
             "n_prefill": self.plan.n_prefill,
-            "n_prefill_foreground": self.prefill_by_class.get("foreground", 0),
-            "n_prefill_background": self.prefill_by_class.get("background", 0),
+            "n_prefill_foreground": self.plan.n_prefill_foreground,
+            "n_prefill_background": self.plan.n_prefill_background,
             # The forward pass's own composition, which the cost model is fitted to: a
             # prompt's last piece of one token is computed as a decode row.
             "rows_decode": self.timing.n_decode,

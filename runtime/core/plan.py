@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -118,6 +119,17 @@ class Decision:
     def defers_background_decodes(self) -> bool:
         return self.background_decodes == 0
 
+    @property
+    def constrains(self) -> bool:
+        """Whether it asks anything of the batch beyond the backend's own batching."""
+        return not (
+            self.budget is None
+            and self.floor is None
+            and self.background_decodes is None
+            and self.background_cap is None
+            and not self.foreground_alone
+        )
+
     def record(self) -> dict[str, Any]:
         # Every field, in order: dataclasses.asdict costs ~30 us, and this runs every
         # iteration.
@@ -145,12 +157,22 @@ class Plan:
     decode: tuple[str, ...] = ()
     prefill: dict[str, int] = field(default_factory=dict)
     deferred: tuple[str, ...] = ()  # background decodes left out of this iteration
-    # Prompt tokens in all, counted once: an iteration reads it several times between two
-    # device calls. A plan's chunks are not changed after it is made (`replace` makes one).
+    foreground: AbstractSet[str] = frozenset()  # which of its requests are foreground
+    # Counted once, when the plan is made: an iteration reads them several times between
+    # two device calls. A plan is not changed after it is made (`replace` makes one).
     n_prefill: int = field(init=False, repr=False)
+    n_prefill_foreground: int = field(init=False, repr=False)
+    n_decode_foreground: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        fg = self.foreground
         self.n_prefill = sum(self.prefill.values())
+        self.n_prefill_foreground = sum(n for rid, n in self.prefill.items() if rid in fg)
+        self.n_decode_foreground = sum(rid in fg for rid in self.decode)
+
+    @property
+    def n_prefill_background(self) -> int:
+        return self.n_prefill - self.n_prefill_foreground
 
     @property
     def budget(self) -> int | None:

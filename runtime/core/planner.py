@@ -1,23 +1,115 @@
 """One decision per iteration, the same on both engines.
 
-The runtime's `Engine` and the vLLM scheduler adapter each describe their requests as
-`Candidate`s and ask the `Planner`; it builds the state, asks the policy once, lets the
-thermal guard cap the background's share, bounds how long background decodes wait and, on a
-backend that cannot stop a step, how long a documents-only step runs (`StepLimit`). What
-each engine then does with the `Decision` (the runtime's `Scheduler.plan`, or vLLM's
-`_reserve_prefill_lookahead`) is the only part that differs.
+Each engine lists its requests as `Candidate`s (the runtime's `Scheduler` from its own
+requests, the vLLM adapter from vLLM's running and waiting queues); `sched_state` turns them
+into the one `SchedState`, so a policy decides from the same facts on both. The `Planner`
+builds that state, asks the policy once, lets the thermal guard cap the background's share,
+bounds how long background decodes wait and, on a backend that cannot stop a step, how long
+a documents-only step runs (`StepLimit`). `planning.make_plan` then turns the `Decision`
+into the iteration's `Plan`, again the same on both.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from edgeprefill.runtime.core.budget import BackgroundCap, BudgetPolicy
 from edgeprefill.runtime.core.plan import Decision, IterationTiming, SchedState
-from edgeprefill.runtime.core.state import Candidate, sched_state
+from edgeprefill.runtime.core.request import CLASSES, RequestClass
 from edgeprefill.runtime.core.steplimit import StepLimit
+
+
+@dataclass  # not frozen: one is built every iteration (see core/plan.py)
+class Candidate:
+    """One request as planning sees it, whichever engine holds it."""
+
+    cls: RequestClass
+    computed: int  # tokens in its KV cache (for a decode: its prompt and outputs fed back)
+    prompt_left: int  # prompt tokens still to compute (0: it decodes)
+    arrival_s: float  # on the clock `sched_state` is given `now_s` on
+    ttft_target_s: float | None = None  # absolute, where its caller gave one
+    admitted: bool = True  # holds a sequence (False: waiting for one)
+    admissible: bool = True  # waiting, and a sequence and KV cells are free for it now
+    ttft_slowdown: float | None = None  # relative: its first token within this x its alone
+    output_left: int | None = None  # the most tokens it may still generate (None: unknown)
+
+    @property
+    def decodes(self) -> bool:
+        return self.admitted and self.prompt_left == 0
+
+
+def _prompt_head(candidates: Sequence[Candidate]) -> Candidate | None:
+    """Who computes prompt work first: foreground before background; within a class, the
+    first started prompt (in the order given), else the first waiting one if it can be
+    admitted (FCFS: a long document is not starved by short ones)."""
+    started: dict[str, Candidate] = {}
+    waiting: dict[str, Candidate] = {}
+    for c in candidates:
+        if c.admitted:
+            if c.prompt_left and c.cls not in started:
+                started[c.cls] = c
+        elif c.cls not in waiting:
+            waiting[c.cls] = c
+    for cls in CLASSES:
+        if cls in started:
+            return started[cls]
+        head = waiting.get(cls)
+        if head is not None and head.admissible:
+            return head
+    return None
+
+
+def sched_state(
+    candidates: Sequence[Candidate],
+    n_batch: int,
+    last: IterationTiming | None,
+    now_s: float,
+    may_defer: bool = True,
+) -> SchedState:
+    """One pass over the candidates (planning runs between two device calls, where a
+    chat's next token waits)."""
+    n_running = n_waiting = n_decode = n_decode_fg = decode_ctx = decode_ctx_fg = 0
+    n_prompts_fg = 0
+    ends: int | None = None  # the fewest tokens a foreground decode may still generate
+    for c in candidates:
+        n_prompts_fg += c.cls == "foreground" and c.prompt_left > 0
+        if not c.admitted:
+            n_waiting += 1
+        elif c.prompt_left:
+            n_running += 1
+        else:
+            n_decode += 1
+            decode_ctx += c.computed + 1
+            if c.cls == "foreground":
+                n_decode_fg += 1
+                decode_ctx_fg += c.computed + 1
+                if c.output_left is not None and (ends is None or c.output_left < ends):
+                    ends = c.output_left
+    head = _prompt_head(candidates)
+    fg = head if head is not None and head.cls == "foreground" else None
+    return SchedState(
+        n_prefill_running=n_running,
+        n_prefill_waiting=n_waiting,
+        n_decode=n_decode,
+        n_decode_foreground=n_decode_fg,
+        n_batch=n_batch,
+        last=last,
+        decode_ctx=decode_ctx,
+        next_prefill_pos=head.computed if head is not None else 0,
+        next_prefill_left=head.prompt_left if head is not None else 0,
+        decode_ctx_foreground=decode_ctx_fg,
+        foreground_prompt_left=fg.prompt_left if fg is not None else 0,
+        foreground_prompt_pos=fg.computed if fg is not None else 0,
+        foreground_waited_s=max(now_s - fg.arrival_s, 0.0) if fg is not None else 0.0,
+        foreground_ttft_target_s=fg.ttft_target_s if fg is not None else None,
+        foreground_ttft_slowdown=fg.ttft_slowdown if fg is not None else None,
+        foreground_prompts_behind=max(n_prompts_fg - 1, 0) if fg is not None else 0,
+        foreground_decode_ends=ends,
+        may_defer=may_defer,
+    )
+
 
 # The most iterations in a row background decodes may be left out of, so a document's
 # summary always progresses.

@@ -22,9 +22,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from edgeprefill.runtime.core.contract import Capacity, SeqWork
-from edgeprefill.runtime.core.plan import Decision, Plan, riders
+from edgeprefill.runtime.core.plan import Decision, Plan
+from edgeprefill.runtime.core.planner import Candidate
+from edgeprefill.runtime.core.planning import PlanRow, make_plan
 from edgeprefill.runtime.core.request import CLASSES, Request, RequestClass, Status
-from edgeprefill.runtime.core.state import Candidate
 
 
 @dataclass(frozen=True)
@@ -177,50 +178,13 @@ class Scheduler:
         return sum(r.remaining_prompt for r in self.running if r.cls == cls)
 
     def plan(self, decision: Decision) -> Plan:
-        """Decode tokens first, then prompt chunks of admitted requests up to the budget
-        (None: fill n_batch), of which background prompts get at most `background_cap`;
-        the first foreground prompt gets at least `floor` tokens (sized by its TTFT
-        target), which leaves the background that much less; with no budget and
-        `foreground_alone`, no background prompt rides beside a foreground one. Background
-        decodes are left out when the decision defers them."""
-        budget, background_cap = decision.budget, decision.background_cap
-        decoding = [r for r in self.running if r.status is Status.DECODE]
-        deferred: tuple[str, ...] = ()
-        if decision.background_decodes is not None:  # some background decodes may wait
-            background = [r for r in decoding if r.cls == "background"]
-            riding = {r.id for r in riders(background, decision, lambda r: len(r.output))}
-            deferred = tuple(r.id for r in background if r.id not in riding)
-        decode = tuple(r.id for r in decoding if r.id not in deferred)
-        room = self.capacity.n_batch - len(decode)
-        left = budget_cap = room if budget is None else max(0, min(budget, room))
-        bg_left = bg_cap = left if background_cap is None else min(background_cap, left)
-        if left == 0 and not decision.floor:  # most iterations beside a chat's decodes
-            return Plan(decision, decode, {}, deferred)
-        prefill: dict[str, int] = {}
-        by_fg = False  # a foreground prompt chunk is planned
-        for req in self._prefill_order():
-            floor = (decision.floor or 0) if req.cls == "foreground" and not by_fg else 0
-            if left == 0 and not floor:
-                break
-            if req.cls == "background" and budget is None and by_fg and decision.foreground_alone:
-                # A chat's prompt is in this iteration and no policy sized the rest: its
-                # first token waits for every background token beside it, so none ride.
-                break
-            if req.cls == "background":
-                avail, full = min(left, bg_left), left == budget_cap and bg_left == bg_cap
-            elif floor > left:
-                avail, full = min(floor, room - sum(prefill.values())), True
-            else:
-                avail, full = left, left == budget_cap
-            n = self._chunk(self._left(req), avail, full, room) if avail else 0
-            if n == 0:
-                continue
-            prefill[req.id] = n
-            by_fg = by_fg or req.cls == "foreground"
-            left = max(left - n, 0)
-            if req.cls == "background":
-                bg_left -= n
-        return Plan(decision, decode, prefill, deferred)
+        """The decision as this iteration's plan (`make_plan`), over the running requests
+        in admission order."""
+        rows = [
+            PlanRow(r.id, r.cls, self._left(r) if r.status is Status.PREFILL else 0, len(r.output))
+            for r in self.running
+        ]
+        return make_plan(decision, rows, self.capacity.chunking)
 
     def save_point(self, req: Request) -> int | None:
         """Where `req`'s shareable prefix is saved: its `share_prefix` cut down to a piece
@@ -246,32 +210,6 @@ class Scheduler:
             for rid in plan.prefill
             if (r := self.by_id.get(rid)) is not None and r.num_computed == self.save_point(r)
         ]
-
-    def _chunk(self, remaining: int, left: int, full: bool, room: int) -> int:
-        """The largest chunk within `left` that is a multiple of `chunk_quantum`, not
-        shorter than `min_chunk`, and leaves no shorter remainder, so every piece is
-        computed the same way whatever the budget. 0 means wait for a larger leftover; a
-        request given the whole budget always progresses. The last tokens of a prompt that
-        no budget below them can cut into valid pieces are taken whole (exceeding the
-        budget by less than two pieces' minimum) rather than computed as a short piece."""
-        hard = min(room, self.capacity.max_chunk or room)
-        cap = min(left, hard)
-        if remaining <= cap:
-            return remaining
-        lo, q = self.capacity.min_chunk, self.capacity.chunk_quantum
-        n = min(cap, remaining - lo) // q * q
-        if n >= lo:
-            return n
-        shortest = -(-lo // q) * q  # the shortest piece that is not a prompt's last
-        if full and remaining - lo < shortest and remaining <= hard:
-            return remaining
-        return cap if full else 0
-
-    def _prefill_order(self) -> Iterator[Request]:
-        """Admitted prompts in the order they compute: foreground before background, each
-        class in admission order (FCFS: a long document is not starved by short ones)."""
-        for cls in CLASSES:
-            yield from (r for r in self.running if r.cls == cls and r.status is Status.PREFILL)
 
     def _can_admit(self, req: Request) -> bool:
         if not self._free_seqs:

@@ -17,7 +17,7 @@ from collections import deque
 
 from edgeprefill.runtime.core.plan import SchedState
 from edgeprefill.runtime.core.profile import DeviceProfile
-from edgeprefill.runtime.core.request import DEFAULT_TTFT_SLOWDOWN
+from edgeprefill.runtime.core.request import FOREGROUND_SLOWDOWN
 
 # A wait before a first token that a person does not notice.
 UNNOTICED_WAIT_S = 0.25
@@ -31,7 +31,7 @@ class StepLimit:
     def __init__(
         self,
         profile: DeviceProfile,
-        slowdown: float = DEFAULT_TTFT_SLOWDOWN["foreground"] or 3.0,
+        slowdown: float = FOREGROUND_SLOWDOWN,
         min_wait_s: float = UNNOTICED_WAIT_S,
     ) -> None:
         self.profile = profile

@@ -124,9 +124,15 @@ def run_comparison(c: Comparison) -> tuple[dict[str, Any], list[str]]:
             log.info("seed %d: %s", seed, name)
             out = c.out / f"seed{seed}" / name.replace(":", "_")
             result = run_workload(
-                c.spec, c.path, c.make_backend(), name, out,
-                profile=c.profile, seed=seed, options=c.options,
-            )  # fmt: skip
+                c.spec,
+                c.path,
+                c.make_backend(),
+                name,
+                out,
+                profile=c.profile,
+                seed=seed,
+                options=c.options,
+            )
             if result.outcome.interrupted:
                 finished = [str(p.parent) for p in sorted(c.out.glob("*/*/summary.json"))]
                 finished.remove(str(out))

@@ -29,15 +29,33 @@ import numpy as np
 import orjson
 
 from edgeprefill.runtime.analysis.metrics import class_summary, completed
+from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.iteration import Iteration
 from edgeprefill.runtime.core.request import CLASSES, Request
 from edgeprefill.runtime.core.resource import Closeable
 from edgeprefill.thermal.energy import IterationSpan
+from edgeprefill.thermal.machine import describe_machine
 
 ITERATIONS_AT_ONCE = 64
 # One JSON object per line; NumPy numbers (a policy's state may hold them) as plain numbers.
 _LINE = orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY
+
+
+def run_meta(
+    backend: dict[str, Any], policy: BudgetPolicy, spec: str, workload: dict[str, Any], **more: Any
+) -> dict[str, Any]:
+    """What summary.json says of a run, built once for `run`, the embedding API and the
+    server: the backend, the policy (`spec` as given, its parameters as it ran), the
+    workload and the machine; `more` adds what only one of them knows."""
+    return {
+        "backend": backend,
+        "simulated": bool(backend.get("simulated", False)),
+        "policy": {**policy.describe(), "spec": spec},
+        "workload": workload,
+        "machine": describe_machine(),
+        **more,
+    }
 
 
 class RunWriter(Closeable):

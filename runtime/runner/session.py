@@ -22,12 +22,11 @@ from edgeprefill.runtime.policies import parse_policy
 from edgeprefill.runtime.runner.drivers import open_driver
 from edgeprefill.runtime.runner.progress import LiveProgress
 from edgeprefill.runtime.runner.replay import RunOutcome, run_requests
-from edgeprefill.runtime.runner.results import RunWriter
+from edgeprefill.runtime.runner.results import RunWriter, run_meta
 from edgeprefill.runtime.traffic.build import build_requests, format_trace
 from edgeprefill.runtime.traffic.workload import Workload
 from edgeprefill.thermal.energy import energy_summary
 from edgeprefill.thermal.guard import ThermalGuard, ThermalSettings
-from edgeprefill.thermal.machine import describe_machine
 from edgeprefill.thermal.sampler import TelemetrySampler
 from edgeprefill.thermal.telemetry import TelemetryConfig, default_sensors, summarize
 
@@ -91,18 +90,17 @@ def run_workload(
         show = stack.enter_context(LiveProgress(requests, enabled=o.progress))
         outcome = run_requests(engine, requests, writer, show)
         telemetry = _telemetry(sampler, config, writer, simulated)
-        meta = {
-            "backend": describe,
-            "simulated": simulated,
-            "policy": {**policy.describe(), "spec": policy_spec},
-            "thermal_aware": None if o.thermal is None else asdict(o.thermal),
-            "workload": {"name": workload.name, "path": str(workload_path)},
-            "seed": workload.seed if seed is None else seed,
-            "start_time": started.isoformat(),
-            "machine": describe_machine(),
-            "calibration": profile.describe() if profile is not None else None,
-            "kv_cache": None if cache is None else cache.describe(),
-        }
+        meta = run_meta(
+            describe,
+            policy,
+            policy_spec,
+            {"name": workload.name, "path": str(workload_path)},
+            thermal_aware=None if o.thermal is None else asdict(o.thermal),
+            seed=workload.seed if seed is None else seed,
+            start_time=started.isoformat(),
+            calibration=profile.describe() if profile is not None else None,
+            kv_cache=None if cache is None else cache.describe(),
+        )
         summary = writer.summary(meta, outcome.duration_s, outcome.interrupted, outcome.not_arrived)
         summary.update(telemetry)
         writer.write_summary(summary)

@@ -168,11 +168,14 @@ class Routes:
         req = self.documents.get(doc_id).request
         status = "failed" if req.error else req.status.name.lower()
         return {
-            "id": doc_id, "object": "document", "status": status,
-            "prompt_tokens_read": req.num_computed, "prompt_tokens": req.prompt_len,
+            "id": doc_id,
+            "object": "document",
+            "status": status,
+            "prompt_tokens_read": req.num_computed,
+            "prompt_tokens": req.prompt_len,
             "output": self.tokenizer.decode(req.output) if req.done else None,
             "error": req.error,
-        }  # fmt: skip
+        }
 
     async def cancel_document(self, doc_id: str) -> dict[str, Any]:
         """Cancel it if it is still read, and forget it (its kept state stays on disk, for

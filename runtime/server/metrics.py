@@ -17,7 +17,19 @@ TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2, 5)
 # Fine around 1 ms, the target of a token's own server time (issue 40).
 DELIVERY_BUCKETS = (
-    0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1
+    0.0001,
+    0.00025,
+    0.0005,
+    0.00075,
+    0.001,
+    0.0015,
+    0.002,
+    0.003,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
 )
 HANDOVER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05)
 
@@ -27,28 +39,37 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.ttft = Histogram(
-            "edgeprefill_ttft_seconds", "time to first token", ["cls"], buckets=TTFT_BUCKETS,
+            "edgeprefill_ttft_seconds",
+            "time to first token",
+            ["cls"],
+            buckets=TTFT_BUCKETS,
             registry=r,
-        )  # fmt: skip
+        )
         self.itl = Histogram(
-            "edgeprefill_itl_seconds", "gaps between a request's tokens", ["cls"],
-            buckets=ITL_BUCKETS, registry=r,
-        )  # fmt: skip
+            "edgeprefill_itl_seconds",
+            "gaps between a request's tokens",
+            ["cls"],
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
         self.delivery = Histogram(
             "edgeprefill_token_delivery_seconds",
             "the server's own time per streamed token: from the engine's stamp to the SSE "
             "chunk handed to the connection",
-            buckets=DELIVERY_BUCKETS, registry=r,
-        )  # fmt: skip
+            buckets=DELIVERY_BUCKETS,
+            registry=r,
+        )
         self._handover_metrics(r)
         self._state_gauges(r)
         self.preemptions = Counter(
             "edgeprefill_preemptions", "document prompt passes stopped for a chat", registry=r
         )
         self.requests = Counter(
-            "edgeprefill_requests_ended", "requests ended, by class and outcome",
-            ["cls", "outcome"], registry=r,
-        )  # fmt: skip
+            "edgeprefill_requests_ended",
+            "requests ended, by class and outcome",
+            ["cls", "outcome"],
+            registry=r,
+        )
         self.kv_hits = Counter(
             "edgeprefill_kv_restores", "prompts started from a saved prefix", registry=r
         )
@@ -63,8 +84,9 @@ class ServerMetrics:
             "energy measured since the server started over the tokens generated since, by "
             "device and source (RAPL, NVML, or an estimate from a declared TDP); absent where "
             "nothing measures it",
-            ["device", "source"], registry=r,
-        )  # fmt: skip
+            ["device", "source"],
+            registry=r,
+        )
         self._tdp_w: float | None = None
         self._last_sample: dict[str, Any] | None = None
         self._joules: dict[tuple[str, str], float] = {}  # (device, source) -> since start

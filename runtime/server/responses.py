@@ -41,10 +41,11 @@ async def respond(
         if (error := pieces.failure()) is not None:
             raise ApiError(503, f"the request failed: {error}", "server_error")
         return {
-            **base, "object": kind,
+            **base,
+            "object": kind,
             "choices": [_choice(kind, text, pieces.finish_reason(), whole=True)],
             "usage": usage(handle.request),
-        }  # fmt: skip
+        }
     chunk = {**base, "object": "chat.completion.chunk" if kind == "chat.completion" else kind}
     events = _events(chunk, kind, pieces, body.include_usage, sent)
     # The task runs after the stream ends or the client leaves, even one that left before

@@ -82,9 +82,14 @@ def build(
         metrics.iteration(it, rt.engine.queues())
 
     rt = Runtime(
-        backend, policy, profile=profile, limits=limits, results=results,
-        on_iteration=on_iteration, on_end=metrics.ended,
-    )  # fmt: skip
+        backend,
+        policy,
+        profile=profile,
+        limits=limits,
+        results=results,
+        on_iteration=on_iteration,
+        on_end=metrics.ended,
+    )
     if isinstance(rt.engine, Engine):  # the runtime's own; vLLM keeps its own KV account
         scheduler, n_ctx = rt.engine.scheduler, rt.engine.backend.capacity.n_ctx
         metrics.kv_reserved.set_function(lambda: n_ctx - scheduler.kv_free)
@@ -92,9 +97,12 @@ def build(
     if telemetry is not None:
         out = None if results is None else results / "telemetry.jsonl"
         sampler = TelemetrySampler(
-            default_sensors(telemetry), rt.engine.clock.now, out, telemetry.period_s,
+            default_sensors(telemetry),
+            rt.engine.clock.now,
+            out,
+            telemetry.period_s,
             keep=KEEP_SAMPLES,
-        )  # fmt: skip
+        )
         metrics.measure_energy(sampler, telemetry.tdp_w)
         sampler.start()
     options = options or ServerOptions()

@@ -7,10 +7,8 @@ import math
 
 from edgeprefill.runtime.core.costmodel import CostModel
 from edgeprefill.runtime.core.plan import SchedState
-from edgeprefill.runtime.core.request import DEFAULT_TTFT_SLOWDOWN
+from edgeprefill.runtime.core.request import FOREGROUND_SLOWDOWN
 
-# The rate for a prompt with no relative target of its own.
-DEFAULT_SLOWDOWN = DEFAULT_TTFT_SLOWDOWN["foreground"] or 3.0
 # Where the decodes alone fill the ITL target, a late prompt waits at one piece an
 # iteration for one of them to end if one is certain to (its max_tokens) within this many
 # times its own allowance (slowdown x its time alone); else it takes the rate. Measured in
@@ -57,7 +55,7 @@ def first_token_floor(
     if base <= 0 or left <= 0:  # a model fitted with no cost per iteration: nothing to spread
         return None
     alone = model.prompt_tokens_s(left, state.foreground_prompt_pos)
-    slowdown = state.foreground_ttft_slowdown or DEFAULT_SLOWDOWN
+    slowdown = state.foreground_ttft_slowdown or FOREGROUND_SLOWDOWN
     floors = []
     if state.foreground_waited_s >= alone * (slowdown - 1) / slowdown:  # late: the rate binds
         rate = _spread(left, math.floor((slowdown - 1) * alone / base))
