@@ -467,3 +467,16 @@ def test_the_serve_command_answers_curl_and_stops_cleanly_on_sigint(tmp_path):
         text=True,
     )
     assert sim.returncode == 2 and "--backend sim cannot serve" in sim.stderr, sim.stderr
+
+
+def test_an_event_whose_text_holds_a_unicode_line_break_stays_one_line_for_line_readers():
+    """A token's text may hold NEL or U+2028/U+2029, which JSON need not escape but
+    `str.splitlines` (httpx's `aiter_lines`, as the 32-stream test reads) breaks at: seen as
+    a stream line that was half an event. Each event reaches such a reader whole."""
+    from httpx._decoders import LineDecoder
+
+    from edgeprefill.runtime.server.responses import sse
+
+    text = "one\x85two\u2028three\u2029four"
+    lines = LineDecoder().decode(sse({"text": text}).decode())
+    assert [json.loads(x.removeprefix("data: ")) for x in lines if x] == [{"text": text}]

@@ -111,11 +111,26 @@ def usage(req: EngineRequest) -> dict[str, Any]:
     }
 
 
+# Characters JSON leaves unescaped that Python's `str.splitlines` (and so httpx's
+# `iter_lines`) ends a line at: a token's text holding one cut a client's event in two.
+_LINE_BREAKS = (
+    (b"\xc2\x85", b"\\u0085"),
+    (b"\xe2\x80\xa8", b"\\u2028"),
+    (b"\xe2\x80\xa9", b"\\u2029"),
+)
+
+
 def sse(obj: dict[str, Any]) -> bytes:
     """One event, framed as bytes by orjson in one C call (json.dumps took several Python
     frames, and Starlette then encoded its text): a stream's chunks are written while the
-    device is idle, waiting for them."""
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
+    device is idle, waiting for them. Within the JSON, NEL and the Unicode line and
+    paragraph separators are written escaped (the same string), so every client that reads
+    the stream line by line sees one line per event."""
+    data = orjson.dumps(obj)
+    for raw, escaped in _LINE_BREAKS:
+        if raw in data:
+            data = data.replace(raw, escaped)
+    return b"data: " + data + b"\n\n"
 
 
 def _choice(kind: str, text: str, finish: str | None, whole: bool) -> dict[str, Any]:
