@@ -21,56 +21,66 @@ import numpy as np
 from edgeprefill.runtime.core.contract import SeqWork
 from edgeprefill.runtime.core.request import SamplingParams
 
-_initialised = False
 _GGML_LOG_ERROR, _GGML_LOG_CONT = 4, 5  # ggml.h; llama-cpp-python's own table predates them
-_last_level = 0
 # What llama.cpp logs as errors when an abort we asked for lands (ggml status 1, decode 2);
-# not shown while the abort callback is armed.
+# not shown while an abort callback is armed.
 _ABORTED = ("failed with error 1", "compute status: 1", "failed to decode, ret = 2")
-_armed = False
 # llama_get_logits returning the address as an int: llama-cpp-python's binding returns a
 # ctypes pointer, and NumPy's view of one (`np.ctypeslib.as_array`) cost ~60 us a call on
 # the caches a decode has just emptied. Its own function object, so the binding is untouched.
 _get_logits = lc.llama_cpp._lib["llama_get_logits"]
 _get_logits.argtypes = [lc.llama_context_p_ctypes]
 _get_logits.restype = ctypes.c_void_p
-_captured: list[str] | None = None  # every message, while `captured_log` is active
 
 
-@lc.llama_log_callback
-def _log_errors_only(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    """llama.cpp logs every load and context detail (and warns about this model's `</s>`
-    token); a user sees only its errors."""
-    global _last_level
-    if level != _GGML_LOG_CONT:
-        _last_level = level
-    message = text.decode(errors="replace")
-    if _captured is not None:
-        _captured.append(message)
-    if _last_level >= _GGML_LOG_ERROR and not (_armed and any(a in message for a in _ABORTED)):
-        sys.stderr.write(message)
+class _LlamaLog:
+    """llama.cpp's log, which is one per process (`llama_log_set` is global), and so is
+    this: it initialises ggml once, shows a user only llama.cpp's errors (it logs every load
+    and context detail, and warns about this model's `</s>` token), hides the errors an
+    abort we asked for causes, and captures every message while asked to."""
+
+    def __init__(self) -> None:
+        self.initialised = False
+        self.last_level = 0
+        self.armed = 0  # contexts whose abort callback is armed
+        self.captured: list[str] | None = None
+        self.callback = lc.llama_log_callback(self._on_message)  # kept alive with this
+
+    def init(self) -> None:
+        if not self.initialised:
+            lc.llama_log_set(self.callback, ctypes.c_void_p(0))
+            lc.llama_backend_init()
+            self.initialised = True
+
+    def _on_message(self, level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        if level != _GGML_LOG_CONT:
+            self.last_level = level
+        message = text.decode(errors="replace")
+        if self.captured is not None:
+            self.captured.append(message)
+        aborted = self.armed and any(a in message for a in _ABORTED)
+        if self.last_level >= _GGML_LOG_ERROR and not aborted:
+            sys.stderr.write(message)
+
+
+_LOG = _LlamaLog()
 
 
 def init_llama() -> None:
     """Initialise ggml once per process, logging errors only."""
-    global _initialised
-    if not _initialised:
-        lc.llama_log_set(_log_errors_only, ctypes.c_void_p(0))
-        lc.llama_backend_init()
-        _initialised = True
+    _LOG.init()
 
 
 @contextmanager
 def captured_log() -> Iterator[list[str]]:
     """llama.cpp's messages of every level while the block runs (what it reports only in
     its log, such as the sizes of the KV caches it allocates)."""
-    global _captured
-    init_llama()
-    _captured = lines = []
+    _LOG.init()
+    _LOG.captured = lines = []
     try:
         yield lines
     finally:
-        _captured = None
+        _LOG.captured = None
 
 
 def cpu_has_amx() -> bool:
@@ -193,6 +203,7 @@ class LlamaContext(Native):
             lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
         params.no_perf = True
+        self.model = model  # held, as llama-cpp-python's context does: the weights outlive it
         self.ptr = lc.llama_init_from_model(model.ptr, params)
         if not self.ptr:
             raise RuntimeError(
@@ -216,8 +227,7 @@ class LlamaContext(Native):
         the answer is the flag, read and nothing else (the callback holds the GIL for that
         moment, so it is armed only for iterations that may be aborted). An aborted
         `llama_decode` returns 2 and keeps the micro-batches that finished."""
-        global _armed
-        _armed = flag is not None
+        _LOG.armed += (flag is not None) - (self._abort_flag is not None)
         self._abort_flag = flag
         callback = self._abort_cb if flag is not None else lc.ggml_abort_callback()
         lc.llama_set_abort_callback(self.ptr, callback, None)
@@ -252,6 +262,23 @@ class LlamaContext(Native):
     def seq_pos_max(self, seq_id: int) -> int:
         """The highest position held for `seq_id`, or -1 when it holds no cells."""
         return lc.llama_memory_seq_pos_max(self.memory, seq_id)
+
+    def seq_state_size(self, seq_id: int) -> int:
+        """Bytes `seq_state_read` needs for the sequence's KV cells (every layer)."""
+        return lc.llama_state_seq_get_size(self.ptr, seq_id)
+
+    def seq_state_read(self, seq_id: int, buf: np.ndarray) -> int:
+        """Copy the sequence's state into `buf` (uint8); the bytes written, 0 on failure."""
+        return lc.llama_state_seq_get_data(self.ptr, _bytes_ptr(buf), buf.nbytes, seq_id)
+
+    def seq_state_write(self, seq_id: int, state: np.ndarray) -> int:
+        """Put a state `seq_state_read` copied into the empty sequence `seq_id` of a context
+        with the same model and KV layout; the bytes read, 0 where llama.cpp refused it."""
+        return lc.llama_state_seq_set_data(self.ptr, _bytes_ptr(state), state.nbytes, seq_id)
+
+
+def _bytes_ptr(a: np.ndarray) -> Any:
+    return a.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
 
 
 class LlamaBatch:
