@@ -26,7 +26,7 @@ from edgeprefill.runtime.core.contract import (
     StepResult,
     plain_transcript,
 )
-from edgeprefill.runtime.core.costmodel import CostModel
+from edgeprefill.runtime.core.costs.costmodel import CostModel
 
 BOS, EOG, FIRST_NORMAL = 1, 2, 10
 

@@ -27,12 +27,12 @@ import numpy as np
 
 from edgeprefill.backends.sim import SimBackend
 from edgeprefill.runtime.core.contract import Capacity, SeqWork, StepResult
-from edgeprefill.runtime.core.costmodel import CostModel
+from edgeprefill.runtime.core.costs.costmodel import CostModel
+from edgeprefill.runtime.core.costs.profile import DeviceProfile
 from edgeprefill.runtime.core.engine import Engine
-from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.request import Request
 from edgeprefill.runtime.policies.cadence import CadencePolicy
-from edgeprefill.runtime.runner.results import RunWriter
+from edgeprefill.runtime.results.writer import RunWriter
 
 # The sweep is to empty every cache: by default 3x the 32 MB L3 of the CPUs seen here; a
 # CPU with a larger last-level cache needs --sweep-mb of three times its size.

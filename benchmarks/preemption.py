@@ -23,8 +23,8 @@ from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
 from edgeprefill.runtime.core.engine import Engine
 from edgeprefill.runtime.core.request import Request
 from edgeprefill.runtime.policies import parse_policy
-from edgeprefill.runtime.runner.replay import run_requests
-from edgeprefill.runtime.runner.results import RunWriter
+from edgeprefill.runtime.replay.loop import run_requests
+from edgeprefill.runtime.results.writer import RunWriter
 from edgeprefill.runtime.traffic.prompts import PromptBuilder
 
 

@@ -33,7 +33,7 @@ import psutil
 from edgeprefill.backends.bundled_model import default_model_path
 from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
 from edgeprefill.backends.llamacpp.probe import plain_tokens
-from edgeprefill.backends.state_store import SUFFIX
+from edgeprefill.backends.llamacpp.state_store import SUFFIX
 from edgeprefill.runtime import Runtime
 from edgeprefill.runtime.api.handle import RequestHandle
 

@@ -13,8 +13,8 @@ from edgeprefill.backends.sim import SimBackend, SimTokenizer
 from edgeprefill.runtime.core.engine import Engine
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.policies import parse_policy
-from edgeprefill.runtime.runner.replay import run_requests
-from edgeprefill.runtime.runner.results import RunWriter
+from edgeprefill.runtime.replay.loop import run_requests
+from edgeprefill.runtime.results.writer import RunWriter
 from edgeprefill.runtime.traffic.arrivals import arrival_times
 from edgeprefill.runtime.traffic.build import build_requests, format_trace
 from edgeprefill.runtime.traffic.workload import GammaArrivals, load_workload

@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, event, given, seed, settings
 from hypothesis import strategies as st
 
 from edgeprefill.runtime.cli.main import main
-from edgeprefill.runtime.core.costmodel import CostModel
-from edgeprefill.runtime.core.profile import DeviceProfile
+from edgeprefill.runtime.core.costs.costmodel import CostModel
+from edgeprefill.runtime.core.costs.profile import DeviceProfile
 from edgeprefill.runtime.runner.calibration import save_profile
 
 # A run small enough to simulate thousands of times: three short chats beside one document.

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from edgeprefill.runtime.core.costmodel import CostModel
+from edgeprefill.runtime.core.costs.costmodel import CostModel
 from edgeprefill.runtime.core.plan import IterationTiming, SchedState
 from edgeprefill.runtime.core.request import FOREGROUND_SLOWDOWN
 from edgeprefill.runtime.policies.cadence.fit import REFIT_EVERY, OnlineFit, Rows

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from edgeprefill.runtime.analysis.metrics import class_summary
-from edgeprefill.runtime.core.costmodel import CostModel
+from edgeprefill.runtime.core.costs.costmodel import CostModel
 
 pytestmark = pytest.mark.slow
 

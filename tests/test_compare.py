@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from edgeprefill.runtime.analysis.compare import outputs_agree, paired
-from edgeprefill.runtime.core.costmodel import CostModel
-from edgeprefill.runtime.core.profile import DeviceProfile
+from edgeprefill.runtime.core.costs.costmodel import CostModel
+from edgeprefill.runtime.core.costs.profile import DeviceProfile
 from edgeprefill.runtime.runner.calibration import save_profile
 from edgeprefill.runtime.runner.comparison import with_burst_rate
 from edgeprefill.runtime.traffic.workload import load_workload

@@ -1,5 +1,5 @@
-"""The layers import one way: core <- policies <- runner/analysis <- cli; backends import
-only the core. Policies must load inside vLLM's engine-core process with the core alone."""
+"""The layers import one way: core <- policies <- analysis <- results <- replay <- runner
+<- cli; backends import only the core. Policies must load inside vLLM's engine-core process with the core alone."""
 
 from __future__ import annotations
 
@@ -58,15 +58,20 @@ ALLOWED = {
     "backends/vllm": ["runtime.core", "runtime.policies", "backends"],
     "thermal": ["thermal"],
     "runtime/analysis": ["runtime.core", "runtime.analysis"],
-    # The embedding API gets its driver, writes results and measures the device as `run`
-    # does.
+    # The result files: what a run computed, summarised as the analysis reads them, with
+    # the machine and energy beside.
+    "runtime/results": ["runtime.core", "runtime.analysis", "runtime.results", "thermal"],
+    # The replay loop records as it goes and shows its progress.
+    "runtime/replay": ["runtime.core", "runtime.results", "runtime.replay"],
+    # The embedding API gets its driver, writes results, measures the device and takes
+    # stop signals as `run` does.
     "runtime/api": [
         "runtime.core",
         "runtime.policies",
         "runtime.runner.drivers",
-        "runtime.runner.results",
         "runtime.runner.calibration",
-        "runtime.runner.signals",
+        "runtime.results",
+        "runtime.replay.signals",
         "runtime.api",
     ],
     # The server samples the sensors as `run` does, for energy per token, and takes Ctrl-C
@@ -75,15 +80,18 @@ ALLOWED = {
         "runtime.core",
         "runtime.policies",
         "runtime.api",
-        "runtime.runner.signals",
+        "runtime.replay.signals",
         "runtime.server",
         "thermal",
     ],
+    # The composition root puts a run together from every layer below the command line.
     "runtime/runner": [
         "runtime.core",
         "runtime.policies",
         "runtime.traffic",
         "runtime.runner",
+        "runtime.replay",
+        "runtime.results",
         "runtime.analysis",
         "backends",
         "thermal",
@@ -166,8 +174,8 @@ def run_without_extras(tmp_path: Path, *args: str) -> subprocess.CompletedProces
 
 
 def test_without_the_extras_the_simulator_runs_and_the_rest_says_what_to_install(tmp_path):
-    from edgeprefill.runtime.core.costmodel import CostModel
-    from edgeprefill.runtime.core.profile import DeviceProfile
+    from edgeprefill.runtime.core.costs.costmodel import CostModel
+    from edgeprefill.runtime.core.costs.profile import DeviceProfile
     from edgeprefill.runtime.runner.calibration import save_profile
 
     model = tmp_path / "cm.json"

@@ -10,11 +10,11 @@ import pytest
 
 from edgeprefill.backends.sim import SimBackend
 from edgeprefill.runtime.core.contract import Capacity
-from edgeprefill.runtime.core.costmodel import CostModel
+from edgeprefill.runtime.core.costs.costmodel import CostModel
+from edgeprefill.runtime.core.costs.profile import DeviceProfile
 from edgeprefill.runtime.core.engine import Engine
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.plan import IterationTiming, SchedState, riders
-from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.request import FOREGROUND_SLOWDOWN, Request
 from edgeprefill.runtime.policies import parse_policy
 from edgeprefill.runtime.policies.cadence import CadencePolicy

@@ -11,8 +11,8 @@ from edgeprefill.runtime.core.contract import SeqWork
 from edgeprefill.runtime.core.engine import Engine
 from edgeprefill.runtime.core.request import Request, Status
 from edgeprefill.runtime.policies import UnlimitedPolicy, parse_policy
-from edgeprefill.runtime.runner.replay import run_requests
-from edgeprefill.runtime.runner.results import RunWriter
+from edgeprefill.runtime.replay.loop import run_requests
+from edgeprefill.runtime.results.writer import RunWriter
 from edgeprefill.runtime.traffic.prompts import PromptBuilder
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from edgeprefill.backends.state_store import SUFFIX
+from edgeprefill.backends.llamacpp.state_store import SUFFIX
 from edgeprefill.runtime.core.engine import Engine
 from edgeprefill.runtime.core.request import Request
 from edgeprefill.runtime.policies import parse_policy

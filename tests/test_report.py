@@ -13,7 +13,7 @@ from matplotlib.image import imread
 
 from edgeprefill.backends.sim import SimBackend
 from edgeprefill.runtime.cli.main import cli
-from edgeprefill.runtime.core.profile import DeviceProfile
+from edgeprefill.runtime.core.costs.profile import DeviceProfile
 from edgeprefill.runtime.runner.comparison import Comparison, run_comparison
 from edgeprefill.runtime.runner.session import RunOptions, run_workload
 from edgeprefill.runtime.traffic.workload import load_workload

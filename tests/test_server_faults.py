@@ -288,7 +288,7 @@ def server_base(make_backend):
 
 
 def test_the_kv_folder_and_its_files_are_private(tmp_path):
-    from edgeprefill.backends.state_store import LOCK_NAME, StateStore
+    from edgeprefill.backends.llamacpp.state_store import LOCK_NAME, StateStore
 
     folder = tmp_path / "kv"
     old = os.umask(0o022)

@@ -8,12 +8,12 @@ import numpy as np
 
 from edgeprefill.backends.sim import SimBackend
 from edgeprefill.runtime.core.contract import Capacity
-from edgeprefill.runtime.core.costmodel import CostModel
+from edgeprefill.runtime.core.costs.costmodel import CostModel
 from edgeprefill.runtime.core.engine import Engine
 from edgeprefill.runtime.core.request import Request
 from edgeprefill.runtime.policies import parse_policy
-from edgeprefill.runtime.runner.replay import run_requests
-from edgeprefill.runtime.runner.results import RunWriter
+from edgeprefill.runtime.replay.loop import run_requests
+from edgeprefill.runtime.results.writer import RunWriter
 
 # One pass 10 ms, a sampled row 5 ms, a prompt token 1 ms: a 2,048-token chunk takes ~2 s.
 COST = CostModel(per_pass_s=0.010, per_sampled_s=0.005, per_prefill_s=0.001, per_kctx_s=0.0)

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from edgeprefill.backends.spare_memory import PAGE, SpareMemory
+from edgeprefill.backends.llamacpp.spare_memory import PAGE, SpareMemory
 
 MIB = 1 << 20
 pytestmark = pytest.mark.skipif(

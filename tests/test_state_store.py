@@ -11,7 +11,7 @@ import numpy as np
 import psutil
 import pytest
 
-from edgeprefill.backends.state_store import SUFFIX, StateStore
+from edgeprefill.backends.llamacpp.state_store import SUFFIX, StateStore
 
 IDENTITY = {"model": "m:1", "llama_cpp": "0.3.36", "flash_attn": False}
 MIB = 1 << 20
@@ -171,7 +171,7 @@ SHARER = """
 import json, sys, time
 from pathlib import Path
 import numpy as np
-from edgeprefill.backends.state_store import StateStore
+from edgeprefill.backends.llamacpp.state_store import StateStore
 
 folder, me, steps = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 docs = [list(range(k * 1000, k * 1000 + 40 + k)) for k in range(10)]  # both index these

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from edgeprefill.runtime.core.costmodel import CostModel
+from edgeprefill.runtime.core.costs.costmodel import CostModel
+from edgeprefill.runtime.core.costs.profile import DeviceProfile
+from edgeprefill.runtime.core.costs.steplimit import FIRST_PROMPT, UNNOTICED_WAIT_S, StepLimit
 from edgeprefill.runtime.core.plan import SchedState
 from edgeprefill.runtime.core.planner import Candidate, Planner
-from edgeprefill.runtime.core.profile import DeviceProfile
-from edgeprefill.runtime.core.steplimit import FIRST_PROMPT, UNNOTICED_WAIT_S, StepLimit
 from edgeprefill.runtime.policies import parse_policy
 from edgeprefill.runtime.runner.calibration import save_profile
 

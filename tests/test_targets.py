@@ -13,9 +13,9 @@ import pytest
 
 from edgeprefill.backends.sim import SimBackend
 from edgeprefill.runtime.core.contract import Capacity
-from edgeprefill.runtime.core.costmodel import CostModel
+from edgeprefill.runtime.core.costs.costmodel import CostModel
+from edgeprefill.runtime.core.costs.profile import DeviceProfile
 from edgeprefill.runtime.core.engine import Engine
-from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.request import Request
 from edgeprefill.runtime.policies import parse_policy
 from edgeprefill.runtime.runner.calibration import save_profile

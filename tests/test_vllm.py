@@ -13,10 +13,10 @@ pytest.importorskip("vllm", reason="vLLM is not installed (make test installs it
 
 from edgeprefill.backends.vllm.backend import VllmBackend  # noqa: E402
 from edgeprefill.runtime.core.budget import BudgetPolicy  # noqa: E402
+from edgeprefill.runtime.core.costs.steplimit import FIRST_PROMPT, StepLimit  # noqa: E402
 from edgeprefill.runtime.core.plan import IterationTiming, SchedState  # noqa: E402
 from edgeprefill.runtime.core.planner import MAX_DEFERRED  # noqa: E402
 from edgeprefill.runtime.core.request import Request, Status  # noqa: E402
-from edgeprefill.runtime.core.steplimit import FIRST_PROMPT, StepLimit  # noqa: E402
 from edgeprefill.runtime.policies import parse_policy  # noqa: E402
 from edgeprefill.runtime.runner.calibration import probe_device  # noqa: E402
 from edgeprefill.runtime.runner.session import RunOptions, run_workload  # noqa: E402
@@ -217,7 +217,7 @@ def test_one_workload_and_seed_give_byte_identical_arrivals_on_every_backend(
 ):
     from edgeprefill.backends.sim import SimBackend
     from edgeprefill.runtime.core.contract import Capacity
-    from edgeprefill.runtime.core.costmodel import CostModel
+    from edgeprefill.runtime.core.costs.costmodel import CostModel
 
     spec, path = workload
     sim = SimBackend(CostModel(0.01, 0.002, 0.0005, 0.0001), Capacity(1024, 16384, 8, 2048))

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from edgeprefill.runtime.core.costmodel import CostModel
-from edgeprefill.runtime.core.profile import DeviceProfile
+from edgeprefill.runtime.core.costs.costmodel import CostModel
+from edgeprefill.runtime.core.costs.profile import DeviceProfile
 from edgeprefill.runtime.runner.calibration import save_profile
 
 pytestmark = pytest.mark.slow

@@ -26,9 +26,9 @@ from edgeprefill.backends.llamacpp.native import LlamaBatch, LlamaContext, Llama
 from edgeprefill.backends.llamacpp.prefix_cache import LlamaPrefixCache
 from edgeprefill.backends.llamacpp.probe_cache import model_identity, probe
 from edgeprefill.backends.llamacpp.shapes import Batching, Overrides, choose_settings
+from edgeprefill.backends.llamacpp.state_store import StateStore
 from edgeprefill.backends.llamacpp.swa_ring import SwaRing
 from edgeprefill.backends.llamacpp.tokenizer import LlamaTokenizer
-from edgeprefill.backends.state_store import StateStore
 from edgeprefill.runtime.core.contract import Backend, BackendError, Capacity, SeqWork, StepResult
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.request import SamplingParams

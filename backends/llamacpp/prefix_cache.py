@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from edgeprefill.backends.llamacpp.native import LlamaContext
-from edgeprefill.backends.spare_memory import SpareMemory
-from edgeprefill.backends.state_store import StateStore
+from edgeprefill.backends.llamacpp.spare_memory import SpareMemory
+from edgeprefill.backends.llamacpp.state_store import StateStore
 
 log = logging.getLogger(__name__)
 

@@ -14,13 +14,13 @@ from typing import Any
 
 from edgeprefill.backends.vllm.steps import BACKGROUND_PRIORITY, FOREGROUND_PRIORITY, class_of
 from edgeprefill.runtime.core.budget import BudgetPolicy
+from edgeprefill.runtime.core.costs.profile import DeviceProfile
+from edgeprefill.runtime.core.costs.steplimit import StepLimit
+from edgeprefill.runtime.core.costs.targets import FirstTokenTargets
 from edgeprefill.runtime.core.driver import RunClock
 from edgeprefill.runtime.core.iteration import Advance, Iteration
 from edgeprefill.runtime.core.plan import Plan
-from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.request import CLASSES, Request, Status
-from edgeprefill.runtime.core.steplimit import StepLimit
-from edgeprefill.runtime.core.targets import FirstTokenTargets
 
 
 class VllmEngine:

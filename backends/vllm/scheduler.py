@@ -34,10 +34,10 @@ from edgeprefill.backends.vllm.steps import (
 )
 from edgeprefill.runtime.core.budget import BackgroundCap, BudgetPolicy
 from edgeprefill.runtime.core.contract import ctx_work
+from edgeprefill.runtime.core.costs.steplimit import StepLimit
 from edgeprefill.runtime.core.plan import Plan
 from edgeprefill.runtime.core.planner import Candidate, Planner
 from edgeprefill.runtime.core.planning import Chunking, PlanRow, make_plan
-from edgeprefill.runtime.core.steplimit import StepLimit
 from edgeprefill.runtime.policies import parse_policy
 
 if not hasattr(Scheduler, "_reserve_prefill_lookahead"):  # private API: checked at import

@@ -33,9 +33,9 @@ from edgeprefill.runtime.api.handle import RequestHandle
 from edgeprefill.runtime.api.handover import Handover, HandoverRecord
 from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.contract import Backend
+from edgeprefill.runtime.core.costs.profile import DeviceProfile
 from edgeprefill.runtime.core.driver import SchedulingBackend
 from edgeprefill.runtime.core.iteration import Advance, Iteration
-from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.request import (
     DEFAULT_TTFT_SLOWDOWN,
     Request,
@@ -44,10 +44,10 @@ from edgeprefill.runtime.core.request import (
 )
 from edgeprefill.runtime.core.scheduler import BackgroundLimits
 from edgeprefill.runtime.policies import DEFAULT_POLICY, parse_policy
+from edgeprefill.runtime.replay.signals import on_stop_signals
+from edgeprefill.runtime.results.writer import RunWriter, run_meta
 from edgeprefill.runtime.runner.calibration import probe_device
 from edgeprefill.runtime.runner.drivers import open_driver
-from edgeprefill.runtime.runner.results import RunWriter, run_meta
-from edgeprefill.runtime.runner.signals import on_stop_signals
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.plan import Decision, IterationTiming, SchedState
 
 if TYPE_CHECKING:
-    from edgeprefill.runtime.core.profile import DeviceProfile
+    from edgeprefill.runtime.core.costs.profile import DeviceProfile
 
 
 class BudgetPolicy(ABC):

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from edgeprefill.runtime.core.budget import BudgetPolicy
+from edgeprefill.runtime.core.costs.profile import DeviceProfile
 from edgeprefill.runtime.core.iteration import Advance
 from edgeprefill.runtime.core.plan import IterationTiming
-from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.request import Request
 
 

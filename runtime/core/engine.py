@@ -14,14 +14,14 @@ from typing import Any
 
 from edgeprefill.runtime.core.budget import BackgroundCap, BudgetPolicy
 from edgeprefill.runtime.core.contract import Backend, BackendError, SeqWork, timing_of
+from edgeprefill.runtime.core.costs.profile import DeviceProfile
+from edgeprefill.runtime.core.costs.targets import FirstTokenTargets
 from edgeprefill.runtime.core.driver import RunClock
 from edgeprefill.runtime.core.iteration import Advance, Iteration
 from edgeprefill.runtime.core.plan import IterationTiming, Plan
 from edgeprefill.runtime.core.planner import Planner
-from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.request import CLASSES, Request, Status
 from edgeprefill.runtime.core.scheduler import BackgroundLimits, Scheduler
-from edgeprefill.runtime.core.targets import FirstTokenTargets
 
 
 @dataclass  # not frozen: one is built every iteration (see core/plan.py)

@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from edgeprefill.runtime.core.budget import BackgroundCap, BudgetPolicy
+from edgeprefill.runtime.core.costs.steplimit import StepLimit
 from edgeprefill.runtime.core.plan import Decision, IterationTiming, SchedState
 from edgeprefill.runtime.core.request import CLASSES, RequestClass
-from edgeprefill.runtime.core.steplimit import StepLimit
 
 
 @dataclass  # not frozen: one is built every iteration (see core/plan.py)

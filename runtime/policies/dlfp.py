@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from edgeprefill.runtime.core.budget import BudgetPolicy
+from edgeprefill.runtime.core.costs.profile import DeviceProfile
 from edgeprefill.runtime.core.plan import IterationTiming, SchedState
-from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.policies.registry import POLICIES
 
 

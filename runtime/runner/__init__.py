@@ -1,2 +1,3 @@
-"""Carrying out a run: opening the device, probing it for policy defaults, replaying a
-workload in real time, live progress, and writing the result files."""
+"""The composition root: opening the device, probing it for policy defaults, and putting a
+run (`run_workload`) or a comparison of policies together from the workload, the driver,
+the replay loop and the result writer."""

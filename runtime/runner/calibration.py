@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 
 from edgeprefill.runtime.core.contract import Backend, SeqWork, timing_of
-from edgeprefill.runtime.core.costmodel import CostModel
+from edgeprefill.runtime.core.costs.costmodel import CostModel
+from edgeprefill.runtime.core.costs.profile import TYPICAL_DECODE_CTX, DeviceProfile, target_for
 from edgeprefill.runtime.core.driver import SchedulingBackend
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.plan import IterationTiming
-from edgeprefill.runtime.core.profile import TYPICAL_DECODE_CTX, DeviceProfile, target_for
 from edgeprefill.runtime.core.request import SamplingParams
 from edgeprefill.runtime.traffic.prompts import PromptBuilder
 

@@ -19,9 +19,9 @@ from edgeprefill.runtime.analysis.compare import (
     token_agreement,
 )
 from edgeprefill.runtime.core.contract import Backend
+from edgeprefill.runtime.core.costs.profile import DeviceProfile
 from edgeprefill.runtime.core.driver import SchedulingBackend
 from edgeprefill.runtime.core.errors import UserError
-from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.runner.session import RunOptions, run_workload
 from edgeprefill.runtime.traffic.workload import Workload
 

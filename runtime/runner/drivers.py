@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.contract import Backend
+from edgeprefill.runtime.core.costs.profile import DeviceProfile
 from edgeprefill.runtime.core.driver import Driver, SchedulingBackend
 from edgeprefill.runtime.core.engine import Engine
 from edgeprefill.runtime.core.errors import UserError
-from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.scheduler import BackgroundLimits
 
 

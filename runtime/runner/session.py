@@ -13,16 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from edgeprefill.runtime.core.contract import Backend
+from edgeprefill.runtime.core.costs.profile import DeviceProfile
 from edgeprefill.runtime.core.driver import Driver, SchedulingBackend
 from edgeprefill.runtime.core.errors import UserError
-from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.request import Request
 from edgeprefill.runtime.core.scheduler import BackgroundLimits
 from edgeprefill.runtime.policies import parse_policy
+from edgeprefill.runtime.replay.loop import RunOutcome, run_requests
+from edgeprefill.runtime.replay.progress import LiveProgress
+from edgeprefill.runtime.results.writer import RunWriter, run_meta
 from edgeprefill.runtime.runner.drivers import open_driver
-from edgeprefill.runtime.runner.progress import LiveProgress
-from edgeprefill.runtime.runner.replay import RunOutcome, run_requests
-from edgeprefill.runtime.runner.results import RunWriter, run_meta
 from edgeprefill.runtime.traffic.build import build_requests, format_trace
 from edgeprefill.runtime.traffic.workload import Workload
 from edgeprefill.thermal.energy import energy_summary

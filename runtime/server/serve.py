@@ -13,11 +13,11 @@ from typing import Any
 
 from edgeprefill.runtime.api.runtime import Runtime
 from edgeprefill.runtime.core.contract import Backend
+from edgeprefill.runtime.core.costs.profile import DeviceProfile
 from edgeprefill.runtime.core.driver import SchedulingBackend
 from edgeprefill.runtime.core.engine import Engine
-from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.scheduler import BackgroundLimits
-from edgeprefill.runtime.runner.signals import on_stop_signals
+from edgeprefill.runtime.replay.signals import on_stop_signals
 from edgeprefill.runtime.server.app import Routes, ServerOptions, create_app
 from edgeprefill.runtime.server.metrics import ServerMetrics
 from edgeprefill.thermal.sampler import TelemetrySampler

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.optimize import nnls
 
-from edgeprefill.runtime.core.costmodel import CostModel, features
+from edgeprefill.runtime.core.costs.costmodel import CostModel, features
 from edgeprefill.runtime.core.plan import IterationTiming
 
 N_FEATURES = 4

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from edgeprefill.runtime.core.costmodel import CostModel
+from edgeprefill.runtime.core.costs.costmodel import CostModel
 from edgeprefill.runtime.core.plan import SchedState
 from edgeprefill.runtime.core.request import FOREGROUND_SLOWDOWN
 

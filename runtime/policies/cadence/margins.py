@@ -17,7 +17,7 @@ from collections import deque
 
 import numpy as np
 
-from edgeprefill.runtime.core.costmodel import CostModel
+from edgeprefill.runtime.core.costs.costmodel import CostModel
 from edgeprefill.runtime.core.plan import IterationTiming
 from edgeprefill.runtime.policies.cadence.fit import MIN_RECENT, Rows
 

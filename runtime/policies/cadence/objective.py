@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import math
 
-from edgeprefill.runtime.core.costmodel import CostModel
+from edgeprefill.runtime.core.costs.costmodel import CostModel
 from edgeprefill.runtime.core.plan import SchedState
 
 log = logging.getLogger("edgeprefill")

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from edgeprefill.runtime.core.budget import BudgetPolicy
-from edgeprefill.runtime.core.costmodel import CostModel
+from edgeprefill.runtime.core.costs.costmodel import CostModel
+from edgeprefill.runtime.core.costs.profile import DeviceProfile
 from edgeprefill.runtime.core.plan import Decision, IterationTiming, SchedState
-from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.policies.cadence.fit import OnlineFit
 from edgeprefill.runtime.policies.cadence.floor import first_token_floor
 from edgeprefill.runtime.policies.cadence.margins import TailMargins

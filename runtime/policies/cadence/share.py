@@ -12,7 +12,7 @@ foreground that never pauses, `share` is what the background is guaranteed.
 
 from __future__ import annotations
 
-from edgeprefill.runtime.core.costmodel import CostModel
+from edgeprefill.runtime.core.costs.costmodel import CostModel
 from edgeprefill.runtime.core.plan import IterationTiming
 
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import click
 
+from edgeprefill.runtime.core.costs.profile import DeviceProfile
 from edgeprefill.runtime.core.errors import UserError
-from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.registry import Registry
 from edgeprefill.runtime.core.work import ExpectedWork
 

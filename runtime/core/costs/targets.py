@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from edgeprefill.runtime.core.profile import DeviceProfile
+from edgeprefill.runtime.core.costs.profile import DeviceProfile
 from edgeprefill.runtime.core.request import Request
 
 log = logging.getLogger("edgeprefill")

@@ -15,8 +15,8 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
+from edgeprefill.runtime.core.costs.profile import DeviceProfile
 from edgeprefill.runtime.core.plan import SchedState
-from edgeprefill.runtime.core.profile import DeviceProfile
 from edgeprefill.runtime.core.request import FOREGROUND_SLOWDOWN
 
 # A wait before a first token that a person does not notice.

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from edgeprefill.runtime.core.driver import Driver
 from edgeprefill.runtime.core.iteration import Iteration
 from edgeprefill.runtime.core.request import Request
-from edgeprefill.runtime.runner.alarm import ArrivalAlarm
-from edgeprefill.runtime.runner.results import RunWriter
-from edgeprefill.runtime.runner.signals import on_stop_signals
+from edgeprefill.runtime.replay.alarm import ArrivalAlarm
+from edgeprefill.runtime.replay.signals import on_stop_signals
+from edgeprefill.runtime.results.writer import RunWriter
 
 IDLE_POLL_S = 0.05
 

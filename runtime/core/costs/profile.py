@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgeprefill.runtime.core.costmodel import CostModel
+from edgeprefill.runtime.core.costs.costmodel import CostModel
 from edgeprefill.runtime.core.plan import IterationTiming
 
 # A chat reads comfortably at 10 tokens/s or faster; on a device whose decode step alone is
