@@ -8,10 +8,11 @@ policy comes from `--additional-config '{"edgeprefill": {"policy": "ppas:bcap=25
 (with `"steps": PATH`, each completed step is written there); `engine.VllmEngine` installs
 its own policy object instead.
 
-The cap is aggregate: `Scheduler._reserve_prefill_lookahead` is called for every running
-and waiting candidate right before vLLM's zero check, so clamping there limits the sum of
-prompt tokens in a step without copying `schedule()` and without touching decodes (the
-P-PAS authors' patch shrank the whole step's token budget, which caps decodes too).
+The step's plan is the core's (`make_plan`, as on llama.cpp); vLLM carries it out:
+`Scheduler._reserve_prefill_lookahead` is called for every running and waiting candidate
+right before vLLM's zero check, so granting each request its planned prompt tokens there
+bounds the step without copying `schedule()` and without touching decodes (the P-PAS
+authors' patch shrank the whole step's token budget, which caps decodes too).
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ def _left(req: Any, num_computed: int | None = None) -> int:
 
 class BudgetMixin:
     """An adapter between vLLM's scheduler and the core's `Planner`: vLLM's queues become
-    the planner's candidates, its decision becomes caps that `_reserve_prefill_lookahead`
-    applies, and each completed step's timing goes back to it."""
+    the planner's candidates, its decision the core's plan, whose grants
+    `_reserve_prefill_lookahead` applies, and each completed step's timing goes back to it."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
