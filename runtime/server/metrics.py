@@ -38,27 +38,7 @@ class ServerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.ttft = Histogram(
-            "edgeprefill_ttft_seconds",
-            "time to first token",
-            ["cls"],
-            buckets=TTFT_BUCKETS,
-            registry=r,
-        )
-        self.itl = Histogram(
-            "edgeprefill_itl_seconds",
-            "gaps between a request's tokens",
-            ["cls"],
-            buckets=ITL_BUCKETS,
-            registry=r,
-        )
-        self.delivery = Histogram(
-            "edgeprefill_token_delivery_seconds",
-            "the server's own time per streamed token: from the engine's stamp to the SSE "
-            "chunk handed to the connection",
-            buckets=DELIVERY_BUCKETS,
-            registry=r,
-        )
+        self._latency_metrics(r)
         self._handover_metrics(r)
         self._state_gauges(r)
         self.preemptions = Counter(
@@ -94,6 +74,31 @@ class ServerMetrics:
         for cls in CLASSES:  # every series present from the start
             self.waiting.labels(cls).set(0)
             self.running.labels(cls).set(0)
+
+    def _latency_metrics(self, r: CollectorRegistry) -> None:
+        """What a client waits for: first tokens, gaps between tokens, and the server's own
+        share of each streamed token's wait."""
+        self.ttft = Histogram(
+            "edgeprefill_ttft_seconds",
+            "time to first token",
+            ["cls"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "edgeprefill_itl_seconds",
+            "gaps between a request's tokens",
+            ["cls"],
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.delivery = Histogram(
+            "edgeprefill_token_delivery_seconds",
+            "the server's own time per streamed token: from the engine's stamp to the SSE "
+            "chunk handed to the connection",
+            buckets=DELIVERY_BUCKETS,
+            registry=r,
+        )
 
     def _handover_metrics(self, r: CollectorRegistry) -> None:
         """How streamed tokens reach the event loop: once an iteration, between device
