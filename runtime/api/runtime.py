@@ -8,8 +8,8 @@ chats are foreground, documents background, and the policy decides each iteratio
 many prompt tokens ride along with the decodes.
 
 Only the engine thread touches the engine: `submit`, `cancel` and `shutdown` put commands
-on a queue that it drains between iterations, so a cancelled request's sequence and KV
-cells are freed before the next iteration and no other request is disturbed.
+on a queue that it drains between iterations, in the driver loop `run` replays workloads
+with (`api.commands`).
 
 The engine thread cannot end quietly: an exception in it (a backend, a policy, the results
 writer) marks the runtime failed with the reason (`failure`), ends every request in flight
@@ -29,13 +29,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from edgeprefill.runtime.api.chat_prompt import encode_chat
+from edgeprefill.runtime.api.commands import Command, CommandLoop
 from edgeprefill.runtime.api.handle import RequestHandle
-from edgeprefill.runtime.api.handover import Handover, HandoverRecord
+from edgeprefill.runtime.api.handover import Handover
 from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.contract import Backend
 from edgeprefill.runtime.core.costs.profile import DeviceProfile
 from edgeprefill.runtime.core.driver import SchedulingBackend
-from edgeprefill.runtime.core.iteration import Advance, Iteration
+from edgeprefill.runtime.core.iteration import Iteration
 from edgeprefill.runtime.core.request import (
     DEFAULT_TTFT_SLOWDOWN,
     Request,
@@ -79,20 +80,15 @@ class Runtime:
         self._spec = policy if isinstance(policy, str) else self.policy.spec
         self._writer = RunWriter(results) if results is not None else None
         self._on_iteration, self._on_end = on_iteration, on_end
-        self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._handles: dict[str, RequestHandle] = {}
+        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         # Streamed tokens reach event loops once an iteration, between device calls.
         self.handover = Handover()
-        self._handed: HandoverRecord | None = None  # this iteration's hand-overs so far
-        # Requests held back until the request they share a prefix with has read it.
-        self._held: list[tuple[Request, Request]] = []  # (held, the one it waits for)
         self._ids = itertools.count()
         # Held while checking `_closed` and queueing: no request can be queued after the
         # engine thread's last look at the queue.
         self._lock = threading.Lock()
         self._closed = False
         self.failure: str | None = None  # why the engine thread failed, once it has
-        self._writer_failed = False
         self._interrupted = False  # a signal stopped the shutdown's wait
         self._stopped = threading.Event()  # the engine thread's last act
         self._thread = self._start(profile, limits)
@@ -329,31 +325,26 @@ class Runtime:
             if profile == "probe":
                 profile = probe_device(self.backend) if self.policy.required else None
             self.engine = open_driver(self.backend, self.policy, limits, profile)
-            self.engine.on_tokens = self._hand_tokens
+            self._engine_loop = CommandLoop(
+                self.engine,
+                self._commands,
+                self.handover,
+                prefix_cache=self.backend.prefix_cache,
+                recorder=self._writer,
+                on_iteration=self._on_iteration,
+                on_end=self._on_end,
+            )
         except BaseException as e:
             failed.append(e)
             self._stopped.set()
             return
         finally:
             ready.set()
-        self._loop()
+        self._drive()
 
-    def _loop(self) -> None:
-        stopping = False
+    def _drive(self) -> None:
         try:
-            while not (stopping and not self.engine.has_work):
-                stopping |= self._drain(block=not self.engine.has_work)  # idle: wait
-                self._release_held()  # a document cancelled or failed between iterations
-                if not self.engine.has_work:
-                    continue
-                self.handover.flush()  # what cancels and refusals ended, before computing
-                with self.handover.computing():
-                    advanced = self.engine.advance()
-                if advanced is None:  # nothing could be planned: wait for a command, not spin
-                    stopping |= self._drain(block=True)
-                    continue
-                self._deliver(advanced)
-                self._release_held()
+            self._engine_loop.run()
         except BaseException as e:
             self._fail(e)
         finally:
@@ -363,137 +354,13 @@ class Runtime:
                 self.handover.flush()
                 self._stopped.set()
 
-    def _hand_tokens(self) -> None:
-        """Hand the tokens appended since the last call over to their streams; the driver
-        calls it as soon as an iteration's tokens are appended (`Driver.on_tokens`)."""
-        for handle in self._handles.values():
-            handle._catch_up()
-        handed = self.handover.flush()
-        if handed is not None:
-            self._handed = handed if self._handed is None else self._handed.then(handed)
-
-    def _deliver(self, advanced: Advance) -> None:
-        """Record the requests that ended and hand their ends over, then record the
-        iteration with how its tokens were handed over. The tokens went before, from the
-        driver (`_hand_tokens`): recording the requests that ended (their lines in
-        requests.jsonl, their gaps in /metrics) took 0.4-0.8 ms, and the engine's own
-        bookkeeping after a device call up to 0.9 ms at P99, which every stream's token
-        waited for (benchmarks/history.md, sections G and C)."""
-        for req in advanced.finished:
-            self._ended(req)
-        self._hand_tokens()
-        handed, self._handed = self._handed, None
-        for it in advanced.iterations:
-            if handed is not None and it is advanced.iterations[-1]:
-                it.handover = handed.record()
-            if self._writer is not None:
-                self._writer.iteration(it)
-            if self._on_iteration is not None:
-                _observe(self._on_iteration, it)
-
-    def _drain(self, block: bool) -> bool:
-        """Apply queued commands; True once a stop was asked for."""
-        stop = False
-        if block:
-            self.handover.flush()
-            if self._writer is not None:
-                self._writer.flush()  # nothing runs until a command comes
-        while True:
-            try:
-                kind, arg = self._commands.get(block=block)
-            except queue.Empty:
-                return stop
-            block = False
-            if kind == "add":
-                handle, after = arg
-                self._handles[handle.id] = handle
-                if after is not None and self._still_reading(after):
-                    self._held.append((handle.request, after))
-                else:
-                    self._add(handle.request)
-            elif kind == "cancel":
-                if self._unhold(arg, "cancelled") or self.engine.cancel(arg):
-                    self._ended(arg)
-            elif kind == "stop":
-                stop = True
-                if arg is not None:  # why the requests in flight end now
-                    self._abort(arg)
-
-    def _abort(self, reason: str) -> None:
-        """End every request in flight, held ones included, with `reason`."""
-        for req, _ in list(self._held):
-            self._unhold(req, reason)
-            self._ended(req)
-        for req in self.engine.abort(reason):
-            self._ended(req)
-
-    def _add(self, req: Request) -> None:
-        if not self.engine.add(req):
-            self._ended(req)
-
-    def _still_reading(self, req: Request) -> bool:
-        """`req` has not yet read the prefix it keeps, and will (a prefix cache holds it)."""
-        kept = req.share_prefix or 0
-        return self.backend.prefix_cache is not None and not req.done and req.num_computed < kept
-
-    def _release_held(self) -> None:
-        """Add the held requests whose prefix has been read (and saved) or never will be."""
-        if not self._held:
-            return
-        ready = [(r, a) for r, a in self._held if not self._still_reading(a)]
-        for pair in ready:
-            self._held.remove(pair)
-            self._add(pair[0])
-
-    def _unhold(self, req: Request, reason: str) -> bool:
-        """End a held request before it was ever added; False if it is not held."""
-        for pair in self._held:
-            if pair[0] is req:
-                self._held.remove(pair)
-                req.fail(reason)
-                return True
-        return False
-
     def _fail(self, error: BaseException) -> None:
-        """Mark the runtime failed and end every request it holds with the reason: those in
-        the engine, those held for a prefix, and those queued since the last drain."""
+        """Mark the runtime failed and end every request it holds with the reason."""
         reason = f"the engine failed: {type(error).__name__}: {error}"
         log.error("%s; failing every request in flight", reason, exc_info=error)
         with self._lock:
             self.failure, self._closed = reason, True
-        try:
-            self._abort(reason)
-        except Exception:
-            log.exception("ending the requests in the engine failed too")
-        while True:
-            try:
-                kind, arg = self._commands.get_nowait()
-            except queue.Empty:
-                break
-            if kind == "add":
-                self._handles[arg[0].id] = arg[0]
-        for handle in list(self._handles.values()):
-            if not handle.request.done:
-                handle.request.fail(reason)
-            self._ended(handle.request)
-
-    def _ended(self, req: Request) -> None:
-        """Record a request that ended and end its handle, whatever the recording does."""
-        handle = self._handles.pop(req.id, None)
-        try:
-            if self._writer is not None and not self._writer_failed:
-                try:
-                    self._writer.request(req)
-                except Exception:
-                    self._writer_failed = True  # the run fails; what follows is not written
-                    if self.failure is None:
-                        raise
-                    log.exception("could not record request %s", req.id)
-        finally:
-            if self._on_end is not None:
-                _observe(self._on_end, req)
-            if handle is not None:
-                handle._end()
+        self._engine_loop.fail(reason)
 
     def _finish(self) -> None:
         """Save what is kept and write the summary. Each step's failure is logged, not
@@ -518,15 +385,6 @@ def _attempt(what: str, action: Callable[..., object], *args: Any) -> None:
         action(*args)
     except Exception:
         log.exception("could not %s", what)
-
-
-def _observe(callback: Callable[[Any], None], arg: Any) -> None:
-    """Call an observer (a server's metrics): one that raises is logged, not let end the
-    engine thread, which serves every request."""
-    try:
-        callback(arg)
-    except Exception:
-        log.exception("%s raised; the runtime goes on", getattr(callback, "__qualname__", callback))
 
 
 class _Signalled(Exception):

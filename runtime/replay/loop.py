@@ -17,13 +17,12 @@ from contextlib import closing, contextmanager
 from dataclasses import dataclass
 
 from edgeprefill.runtime.core.driver import Driver
-from edgeprefill.runtime.core.iteration import Iteration
+from edgeprefill.runtime.core.iteration import Advance, Iteration
+from edgeprefill.runtime.core.loop import IDLE_POLL_S, DriverLoop
 from edgeprefill.runtime.core.request import Request
 from edgeprefill.runtime.replay.alarm import ArrivalAlarm
 from edgeprefill.runtime.replay.signals import on_stop_signals
 from edgeprefill.runtime.results.writer import RunWriter
-
-IDLE_POLL_S = 0.05
 
 
 @dataclass
@@ -95,61 +94,75 @@ def _arrival_alarm(engine: Driver) -> Iterator[Callable[[list[Request]], None] |
         yield follow
 
 
+class _Replay(DriverLoop):
+    """Requests come at their arrival times on the run's clock; a closed-loop turn's when
+    the request before it ends plus its think time."""
+
+    def __init__(
+        self,
+        engine: Driver,
+        requests: list[Request],
+        writer: RunWriter,
+        on_iteration: Callable[[Iteration | None], None],
+        stop: _StopFlag,
+        alarm: Callable[[list[Request]], None] | None,
+    ) -> None:
+        super().__init__(engine, writer)
+        self.pending = sorted((r for r in requests if r.after is None), key=lambda r: r.arrival_s)
+        # Closed-loop turns wait for the request before them: released when it ends.
+        self.blocked = {r.after: r for r in requests if r.after is not None}
+        self.on_iteration, self.stop, self.alarm = on_iteration, stop, alarm
+        self.interrupted = False
+
+    def admit(self, wait: float | None) -> None:
+        if self.stop.requested:
+            self.stopped()
+            return
+        clock, pending = self.engine.clock, self.pending
+        if pending and wait != 0.0:  # idle until the next arrival: wake often for a Ctrl-C
+            ahead = pending[0].arrival_s - clock.now()
+            clock.sleep(min(IDLE_POLL_S if wait is None else wait, max(ahead, 0.0)))
+        now = clock.now()
+        while pending and pending[0].arrival_s <= now:
+            self.add(pending.pop(0))
+        if self.alarm is not None:  # a chat arriving mid-iteration stops document work
+            self.alarm(pending)
+        self.closed = not pending and not self.blocked
+
+    def stopped(self) -> None:
+        """Ctrl-C: what was waiting or running fails with reason "interrupted"."""
+        self.interrupted = self.closed = True
+        self.abort("interrupted")
+
+    def advanced(self, advanced: Advance) -> None:
+        super().advanced(advanced)
+        self.on_iteration(advanced.iterations[-1] if advanced.iterations else None)
+
+    def add(self, req: Request) -> None:
+        super().add(req)
+        if req.done:
+            self.on_iteration(None)
+
+    def ended(self, req: Request) -> None:
+        super().ended(req)
+        nxt = self.blocked.pop(req.id, None)
+        if nxt is not None:
+            nxt.arrival_s = self.engine.clock.now() + nxt.think_s
+            bisect.insort(self.pending, nxt, key=lambda r: r.arrival_s)
+
+
 def run_requests(
     engine: Driver,
     requests: list[Request],
     writer: RunWriter,
     on_iteration: Callable[[Iteration | None], None] = lambda it: None,
 ) -> RunOutcome:
-    pending: list[Request] = sorted(
-        (r for r in requests if r.after is None), key=lambda r: r.arrival_s
-    )
-    # Closed-loop turns wait for the request before them: released when it ends.
-    blocked = {r.after: r for r in requests if r.after is not None}
-    clock = engine.clock
-
-    def ended(req: Request) -> None:
-        writer.request(req)
-        nxt = blocked.pop(req.id, None)
-        if nxt is not None:
-            nxt.arrival_s = clock.now() + nxt.think_s
-            bisect.insort(pending, nxt, key=lambda r: r.arrival_s)
-
-    interrupted = False
     with _graceful_interrupt() as stop, _arrival_alarm(engine) as alarm, _static_heap():
+        replay = _Replay(engine, requests, writer, on_iteration, stop, alarm)
         try:
-            while pending or engine.has_work:
-                if stop.requested:
-                    interrupted = True
-                    break
-                now = clock.now()
-                while pending and pending[0].arrival_s <= now:
-                    req = pending.pop(0)
-                    if not engine.add(req):
-                        ended(req)
-                        on_iteration(None)
-                if alarm is not None:  # a chat arriving mid-iteration stops document work
-                    alarm(pending)
-                step = engine.advance() if engine.has_work else None
-                if step is None:
-                    if engine.has_work and not engine.has_running:
-                        raise RuntimeError(
-                            f"policy {engine.policy.name} gave no prefill budget with nothing "
-                            "running: the run cannot progress"
-                        )
-                    if pending:
-                        writer.flush()  # nothing runs until the next arrival
-                        clock.sleep(min(IDLE_POLL_S, max(pending[0].arrival_s - clock.now(), 0)))
-                    continue
-                for it in step.iterations:
-                    writer.iteration(it)
-                for req in step.finished:
-                    ended(req)
-                on_iteration(step.iterations[-1] if step.iterations else None)
-        except KeyboardInterrupt:
-            interrupted = True
-    if interrupted:
-        for req in engine.abort("interrupted"):
-            writer.request(req)
-    signum = stop.signum or (signal.SIGINT if interrupted else None)
-    return RunOutcome(clock.now(), interrupted, len(pending) + len(blocked), signum)
+            replay.run()
+        except KeyboardInterrupt:  # a second Ctrl-C: at once
+            replay.stopped()
+    signum = stop.signum or (signal.SIGINT if replay.interrupted else None)
+    not_arrived = len(replay.pending) + len(replay.blocked)
+    return RunOutcome(engine.clock.now(), replay.interrupted, not_arrived, signum)
