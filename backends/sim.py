@@ -110,6 +110,9 @@ class SimTokenizer:
     def piece(self, token: int) -> bytes:
         return f" w{token}".encode()
 
+    def decode(self, tokens: list[int]) -> str:
+        return b"".join(map(self.piece, tokens)).decode()
+
     def is_normal(self, token: int) -> bool:
         return token >= FIRST_NORMAL
 

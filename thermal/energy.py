@@ -58,8 +58,8 @@ def cpu_series(samples: Sequence[dict[str, Any]], tdp_w: float | None) -> Energy
     if tdp_w is not None and len(rows) >= 2:
         t = np.array([r["t_s"] for r in rows])
         watts = tdp_w * np.array([r["cpu_load"]["percent"] for r in rows]) / 100
-        joules = integrate.cumulative_trapezoid(watts, t, initial=0.0)
-        return EnergySeries(f"estimated:tdp={tdp_w:g}W*cpu_load", t, joules)
+        estimated = integrate.cumulative_trapezoid(watts, t, initial=0)
+        return EnergySeries(f"estimated:tdp={tdp_w:g}W*cpu_load", t, estimated)
     return None
 
 

@@ -76,7 +76,8 @@ def captured_log() -> Iterator[list[str]]:
     """llama.cpp's messages of every level while the block runs (what it reports only in
     its log, such as the sizes of the KV caches it allocates)."""
     _LOG.init()
-    _LOG.captured = lines = []
+    lines: list[str] = []
+    _LOG.captured = lines
     try:
         yield lines
     finally:
@@ -211,8 +212,10 @@ class LlamaContext(Native):
                 f"n_seq_max={n_seq_max}); try a smaller n_ctx"
             )
         self.memory = lc.llama_get_memory(self.ptr)
-        self._abort_flag: Any = None  # what the abort callback reads while armed
-        self._abort_cb = lc.ggml_abort_callback(lambda _data: self._abort_flag.is_set())
+        self._abort_flag: threading.Event | None = None  # what the abort callback reads
+        self._abort_cb = lc.ggml_abort_callback(
+            lambda _data: self._abort_flag is not None and self._abort_flag.is_set()
+        )
         self.n_ctx = lc.llama_n_ctx(self.ptr)  # all sequences together
         self.n_ctx_seq = lc.llama_n_ctx_seq(self.ptr)
         self.n_vocab = lc.llama_vocab_n_tokens(model.vocab)
@@ -293,13 +296,15 @@ class LlamaBatch:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.token = (lc.llama_token * size)()
-        self.pos = (lc.llama_pos * size)()
+        # Any: a ctypes array takes any sequence in a slice assignment (a range, bytes),
+        # where typeshed's stubs accept only a list of its element type.
+        self.token: Any = (lc.llama_token * size)()
+        self.pos: Any = (lc.llama_pos * size)()
         self.n_seq_id = (ctypes.c_int32 * size)(*[1] * size)  # each token in one sequence
-        self.seq = (lc.llama_seq_id * size)()
+        self.seq: Any = (lc.llama_seq_id * size)()
         base, width = ctypes.addressof(self.seq), ctypes.sizeof(lc.llama_seq_id)
         self.seq_ptrs = (ctypes.c_void_p * size)(*[base + width * i for i in range(size)])
-        self.logits = (ctypes.c_int8 * size)()
+        self.logits: Any = (ctypes.c_int8 * size)()
         self.n_filled = 0
         # The batch from its first token, reused: most groups start there.
         self.struct = self._at(0)

@@ -253,7 +253,7 @@ class StateStore(Closeable):
             "n_tokens": entry.n_tokens,
             "tokens_sha256": hashlib.sha256(tokens.tobytes()).hexdigest(),
             "payload_bytes": payload.nbytes,
-            "payload_sha256": hashlib.sha256(memoryview(payload)).hexdigest(),
+            "payload_sha256": hashlib.sha256(payload.data).hexdigest(),
             "written_at": time.time(),
         }
         raw = json.dumps(header, sort_keys=True).encode()
@@ -305,7 +305,7 @@ class StateStore(Closeable):
             with os.fdopen(os.open(tmp, flags, 0o600), "wb") as f:
                 f.write(self._header(entry, tokens, payload))
                 f.write(tokens.tobytes())
-                f.write(memoryview(payload))
+                f.write(payload.data)
             with self._shared():
                 os.replace(tmp, path)
             return True
@@ -405,24 +405,18 @@ class StateStore(Closeable):
             except FileNotFoundError:
                 return None  # evicted by another process sharing the folder
             except OSError as e:
-                return self._reject(path, f"cannot be read ({e.strerror})", delete=False)
+                self._reject(path, f"cannot be read ({e.strerror})", delete=False)
+                return None
         header = _parse_header(data)
-        if header is None:
-            return self._reject(path, "has no valid header")
-        if header.get("format") != FORMAT or header.get("identity") != self.identity:
-            return self._reject(path, "was written for another model, build or KV layout", False)
-        start = len(MAGIC) + 4 + struct.unpack("<I", data[len(MAGIC) : len(MAGIC) + 4])[0]
-        n = header.get("n_tokens")
-        body = start + 4 * n if isinstance(n, int) else -1
-        if n != len(tokens) or len(data) < body:
-            return self._reject(path, "is truncated or holds another prefix")
-        if not np.array_equal(np.frombuffer(data, dtype="<i4", count=n, offset=start), tokens):
-            return self._reject(path, "holds other tokens than its name says")
-        payload = np.frombuffer(data, dtype=np.uint8, offset=body)
-        if payload.nbytes != header.get("payload_bytes"):
-            return self._reject(path, "is truncated")
-        if hashlib.sha256(memoryview(payload)).hexdigest() != header.get("payload_sha256"):
-            return self._reject(path, "is corrupted (checksum mismatch)")
+        if header is not None and (
+            header.get("format") != FORMAT or header.get("identity") != self.identity
+        ):
+            self._reject(path, "was written for another model, build or KV layout", False)
+            return None
+        payload = _payload(data, header, tokens)
+        if isinstance(payload, str):
+            self._reject(path, payload)
+            return None
         return payload
 
     def _reject(self, path: Path, why: str, delete: bool = True) -> None:
@@ -431,7 +425,6 @@ class StateStore(Closeable):
         if delete:
             with self._shared():
                 path.unlink(missing_ok=True)
-        return None
 
     def clear(self) -> None:
         """Forget every saved state, in memory and this identity's files on disk (a replay
@@ -481,6 +474,26 @@ def _parse_header(data: bytes) -> dict[str, Any] | None:
     except (ValueError, RecursionError):  # RecursionError: a header nested thousands deep
         return None
     return header if isinstance(header, dict) else None
+
+
+def _payload(data: bytes, header: dict[str, Any] | None, tokens: np.ndarray) -> np.ndarray | str:
+    """The KV state a file of this identity holds for `tokens`, or why it is not to be
+    trusted."""
+    if header is None:
+        return "has no valid header"
+    start = len(MAGIC) + 4 + struct.unpack("<I", data[len(MAGIC) : len(MAGIC) + 4])[0]
+    n = header.get("n_tokens")
+    body = start + 4 * n if isinstance(n, int) else -1
+    if n != len(tokens) or len(data) < body:
+        return "is truncated or holds another prefix"
+    if not np.array_equal(np.frombuffer(data, dtype="<i4", count=n, offset=start), tokens):
+        return "holds other tokens than its name says"
+    payload = np.frombuffer(data, dtype=np.uint8, offset=body)
+    if payload.nbytes != header.get("payload_bytes"):
+        return "is truncated"
+    if hashlib.sha256(payload.data).hexdigest() != header.get("payload_sha256"):
+        return "is corrupted (checksum mismatch)"
+    return payload
 
 
 def _private_folder(folder: Path) -> None:

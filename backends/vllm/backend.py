@@ -7,7 +7,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from edgeprefill.backends.vllm.check import require_vllm
 from edgeprefill.backends.vllm.engine import VllmEngine
@@ -32,7 +32,7 @@ class VllmSettings:
     n_batch: int = 2048  # max_num_batched_tokens: the most tokens in one step
     n_seq_max: int = 16  # max_num_seqs (as the llama.cpp backend)
     n_threads: int | None = None  # torch threads on the CPU build (None: every core)
-    dtype: str = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # `--dtype`'s choices
     tensor_parallel_size: int = 1
     enforce_eager: bool = False  # skip torch.compile / CUDA graphs (fast start, slower steps)
     kv_cache_gib: float | None = None  # None: vLLM's default share of the device memory
@@ -181,7 +181,9 @@ class VllmBackend(Closeable):
         self.dtype = str(config.model_config.dtype).removeprefix("torch.")
         self.device = "cuda" if on_gpu else "cpu"
         self.llm = LLMEngine.from_vllm_config(config, disable_log_stats=True)
-        self.scheduler = self.llm.engine_core.engine_core.scheduler
+        # In-process (multiprocessing off, above): the client is vLLM's InprocClient, which
+        # holds the EngineCore; its declared type, the client base class, does not.
+        self.scheduler = self.llm.engine_core.engine_core.scheduler  # type: ignore[attr-defined]
         self.timer_clock = self.llm.collective_rpc("edgeprefill_clock")[0]
         self.max_num_batched_tokens = sched.max_num_batched_tokens
         self.prefix_cache = _VllmPrefixCaching(self.llm) if settings.prefix_caching else None

@@ -50,8 +50,9 @@ def convert_gguf(gguf: Path, folder: Path) -> None:
         # transformers refuses to save a model it thinks is quantized).
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        model.hf_quantizer = None
-        model.is_quantized = False
+        # torch types a module's attributes as tensors or modules; these are plain flags.
+        model.hf_quantizer = None  # type: ignore[assignment]
+        model.is_quantized = False  # type: ignore[assignment]
         tok.save_pretrained(tmp)
         model.save_pretrained(tmp)
         if not folder.exists():

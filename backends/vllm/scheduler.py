@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -53,15 +53,23 @@ def _left(req: Any, num_computed: int | None = None) -> int:
     return prompt_left(req.num_tokens, req.num_output_tokens, computed)
 
 
-class BudgetMixin:
+# The mixin is checked as the vLLM scheduler it is mixed into.
+if TYPE_CHECKING:
+    _SchedulerBase = Scheduler
+else:
+    _SchedulerBase = object
+
+
+class BudgetMixin(_SchedulerBase):
     """An adapter between vLLM's scheduler and the core's `Planner`: vLLM's queues become
     the planner's candidates, its decision the core's plan, whose grants
     `_reserve_prefill_lookahead` applies, and each completed step's timing goes back to it."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        config = self.vllm_config  # type: ignore[attr-defined]
-        extra = (config.additional_config or {}).get("edgeprefill", {})
+        config = self.vllm_config
+        extra = config.additional_config  # a dict, or an object of a plugin's own
+        extra = extra.get("edgeprefill", {}) if isinstance(extra, dict) else {}
         check_timed_worker(config.parallel_config)
         policy = parse_policy(extra.get("policy", "unlimited"))
         policy.check_ready()
@@ -114,19 +122,19 @@ class BudgetMixin:
                 output_left=r.max_tokens - r.num_output_tokens,
             )
 
-        running = [candidate(r, True) for r in self.running]  # type: ignore[attr-defined]
-        return running + [candidate(r, False) for r in self.waiting]  # type: ignore[attr-defined]
+        running = [candidate(r, True) for r in self.running]
+        return running + [candidate(r, False) for r in self.waiting]
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         t_start = self.ep_clock()
-        n_batch = self.max_num_scheduled_tokens  # type: ignore[attr-defined]
+        n_batch = self.max_num_scheduled_tokens
         candidates = self._ep_candidates()
         decision = self.ep_planner.decide(candidates, n_batch, time.time())
         plan = make_plan(decision, self._ep_rows(candidates), Chunking(n_batch))
         self._ep_defer = frozenset(plan.deferred)
         self._ep_grant = dict(plan.prefill) if decision.constrains else None
         try:
-            out = super().schedule(*args, **kwargs)  # type: ignore[misc]
+            out = super().schedule(*args, **kwargs)
         finally:
             self._ep_grant, self._ep_defer = None, frozenset()
         if out.total_num_scheduled_tokens > 0:
@@ -138,7 +146,7 @@ class BudgetMixin:
         sees them (`candidates` lists them in the same order). vLLM schedules running
         requests before waiting ones whatever their priority; the plan puts a waiting
         chat's prompt before a running document's, as on llama.cpp."""
-        requests = [*self.running, *self.waiting]  # type: ignore[attr-defined]
+        requests = [*self.running, *self.waiting]
         return [
             PlanRow(r.request_id, c.cls, c.prompt_left, r.num_output_tokens)
             for r, c in zip(requests, candidates, strict=True)
@@ -148,16 +156,16 @@ class BudgetMixin:
     def _ep_can_admit(self, request: Any) -> bool:
         """Whether a waiting request has a sequence slot and KV blocks now: holding
         background work back for one that cannot be admitted would stall both."""
-        if len(self.running) >= self.max_num_running_reqs:  # type: ignore[attr-defined]
+        if len(self.running) >= self.max_num_running_reqs:
             return False
-        pool = self.kv_cache_manager.block_pool  # type: ignore[attr-defined]
-        return pool.get_num_free_blocks() * self.block_size > _left(request)  # type: ignore[attr-defined]
+        pool = self.kv_cache_manager.block_pool
+        return pool.get_num_free_blocks() * self.block_size > _left(request)
 
     def _reserve_prefill_lookahead(self, request: Any, num_computed: int, num_new: int) -> int:
         """vLLM's tokens for `request` this step, within what the plan granted it (charged
         now, before vLLM allocates KV blocks: a request that then cannot be allocated
         leaves the step below the plan, never above it)."""
-        n = super()._reserve_prefill_lookahead(request, num_computed, num_new)  # type: ignore[misc]
+        n = super()._reserve_prefill_lookahead(request, num_computed, num_new)
         rid = request.request_id
         prompt = min(n, _left(request, num_computed))
         if prompt == 0:  # a decode: never capped, but a background one may be deferred
@@ -176,7 +184,7 @@ class BudgetMixin:
         foreground: set[str] = set()
         ctx = n_sampled = 0
         for rid, n in out.num_scheduled_tokens.items():
-            req = self.requests[rid]  # type: ignore[attr-defined]
+            req = self.requests[rid]
             before = req.num_computed_tokens - n  # vLLM advanced it when it scheduled
             prompt = min(n, _left(req, before))
             ctx += ctx_work(n, before)
@@ -203,7 +211,7 @@ class BudgetMixin:
                 self.ep_completed.append(step)
             else:
                 self._ep_sink(step)
-        return super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        return super().update_from_output(scheduler_output, model_runner_output)
 
     def take_completed(self) -> list[CompletedStep]:
         """Steps whose timing arrived since the last call, in step order."""

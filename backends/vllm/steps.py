@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgeprefill.runtime.core.plan import IterationTiming, Plan
+from edgeprefill.runtime.core.request import RequestClass
 
 TIMINGS_ATTR = "edgeprefill_timings"  # on ModelRunnerOutput: the worker's readings
 FOREGROUND_PRIORITY = 0  # vLLM runs lower priorities first
@@ -22,7 +23,7 @@ TIMED_WORKERS = {
 }
 
 
-def class_of(priority: int) -> str:
+def class_of(priority: int) -> RequestClass:
     return "foreground" if priority <= FOREGROUND_PRIORITY else "background"
 
 

@@ -10,7 +10,7 @@ object is copied, never mutated.
 from __future__ import annotations
 
 from copy import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, ModelRunnerOutput
@@ -33,32 +33,40 @@ class _TimedAsyncOutput(AsyncModelRunnerOutput):
         return self._worker._attach(self._inner.get_output())
 
 
-class _StepTimingMixin:
+# The mixin is checked as the vLLM worker it is mixed into.
+if TYPE_CHECKING:
+    _WorkerBase = Worker
+else:
+    _WorkerBase = object
+
+
+class _StepTimingMixin(_WorkerBase):
     _ep_timer: StepTimer | None = None
     _ep_steps = 0
 
     def _timer(self) -> StepTimer:
         if self._ep_timer is None:
-            on_gpu = torch.cuda.is_available() and getattr(self, "device", None) is not None
-            on_gpu = on_gpu and torch.device(self.device).type == "cuda"  # type: ignore[attr-defined]
+            device = getattr(self, "device", None)
+            on_gpu = device is not None and torch.device(device).type == "cuda"
+            on_gpu = on_gpu and torch.cuda.is_available()
             self._ep_timer = CudaEventTimer(torch) if on_gpu else PerfCounterTimer()
         return self._ep_timer
 
     def execute_model(self, scheduler_output: Any) -> Any:
         tokens = scheduler_output.total_num_scheduled_tokens
         if tokens == 0:  # nothing computed: not a step the scheduler counts either
-            return super().execute_model(scheduler_output)  # type: ignore[misc]
+            return super().execute_model(scheduler_output)
         timer = self._timer()
         timer.start(self._ep_steps, tokens)
         self._ep_steps += 1
-        out = super().execute_model(scheduler_output)  # type: ignore[misc]
+        out = super().execute_model(scheduler_output)
         if out is None:  # sampling follows in sample_tokens
             return out
         timer.stop()  # a step without sampling (pooling, a pipeline stage)
         return self._wrap(out)
 
     def sample_tokens(self, grammar_output: Any) -> Any:
-        out = super().sample_tokens(grammar_output)  # type: ignore[misc]
+        out = super().sample_tokens(grammar_output)
         self._timer().stop()
         return self._wrap(out)
 

@@ -37,7 +37,7 @@ def metric(summary: dict[str, Any], cls: str, key: str) -> float | None:
     return None if value is None else float(value)
 
 
-def paired(policy: Sequence[float], baseline: Sequence[float]) -> dict[str, Any]:
+def paired(policy: Sequence[float | None], baseline: Sequence[float | None]) -> dict[str, Any]:
     """Geometric-mean ratio, and a paired 95% t-interval of the relative change taken on the
     log ratios (a ratio's interval: it never reaches below -100%, as an interval of the
     changes themselves did with three seeds and a tenfold ratio)."""

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
@@ -43,27 +44,38 @@ def timeline(run: RunData, path: Path) -> Path:
     iteration carried beneath: a stall is a spike above, and a wide bar below explains it."""
     fig = Figure(figsize=(11, 7.5))
     top, mid, low = fig.subplots(3, 1, sharex=True, height_ratios=[2.2, 1, 1.3])
+    _token_gaps(top, run)
+    its = [i for i in run.iterations if i.get("error") is None]
+    t = np.array([i["t_start_s"] for i in its])
+    _budgets(mid, t, its)
+    _prompt_tokens(low, t, its)
+    fig.suptitle(f"Timeline: {run.title}", fontsize=11)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _token_gaps(ax: Axes, run: RunData) -> None:
     for rec in run.requests:
         if rec["class"] == "foreground" and len(rec["token_times_s"]) > 1:
             t = np.asarray(rec["token_times_s"])
-            top.plot(t[1:], np.diff(t) * 1000, ".", ms=2.5, color="tab:blue")
-    top.plot([], [], ".", color="tab:blue", label="foreground inter-token latency")
+            ax.plot(t[1:], np.diff(t) * 1000, ".", ms=2.5, color="tab:blue")
+    ax.plot([], [], ".", color="tab:blue", label="foreground inter-token latency")
     target = _target_ms(run)
     if target:
-        top.axhline(target, color="tab:red", lw=1, ls=":", label=f"target {target:.0f} ms")
-    top.set_yscale("log")
-    _plain_log(top.yaxis)
-    top.set_ylabel("ITL (ms, log)")
-    top.legend(loc="upper right", fontsize=8)
+        ax.axhline(target, color="tab:red", lw=1, ls=":", label=f"target {target:.0f} ms")
+    ax.set_yscale("log")
+    _plain_log(ax.yaxis)
+    ax.set_ylabel("ITL (ms, log)")
+    ax.legend(loc="upper right", fontsize=8)
 
-    its = [i for i in run.iterations if i.get("error") is None]
-    t = np.array([i["t_start_s"] for i in its])
+
+def _budgets(ax: Axes, t: np.ndarray, its: list[dict[str, Any]]) -> None:
     budget = np.array([np.nan if i["budget"] is None else i["budget"] for i in its], float)
-    mid.step(t, budget, where="post", color="tab:purple", lw=1, label="prefill budget")
+    ax.step(t, budget, where="post", color="tab:purple", lw=1, label="prefill budget")
     uncapped = np.isnan(budget)
     if uncapped.any():
         ymax = np.nanmax(budget) if (~uncapped).any() else 1.0
-        mid.fill_between(
+        ax.fill_between(
             t,
             0,
             ymax,
@@ -73,28 +85,27 @@ def timeline(run: RunData, path: Path) -> Path:
             alpha=0.12,
             label="no cap (whole batch)",
         )
-    mid.set_ylabel("budget (tokens)")
-    mid.legend(loc="upper right", fontsize=8)
+    ax.set_ylabel("budget (tokens)")
+    ax.legend(loc="upper right", fontsize=8)
 
+
+def _prompt_tokens(ax: Axes, t: np.ndarray, its: list[dict[str, Any]]) -> None:
     width = np.array([max(i["duration_s"], 1e-3) for i in its])
-    bg = np.array([i.get("n_prefill_background", 0) for i in its])
-    fg = np.array([i.get("n_prefill_foreground", 0) for i in its])
-    low.bar(t, bg, width=width, align="edge", color="tab:orange", label="background prompt tokens")
-    low.bar(
+    background = np.array([i.get("n_prefill_background", 0) for i in its])
+    foreground = np.array([i.get("n_prefill_foreground", 0) for i in its])
+    ax.bar(t, background, width, align="edge", color="tab:orange", label="background prompt tokens")
+    ax.bar(
         t,
-        fg,
-        width=width,
+        foreground,
+        width,
         align="edge",
-        bottom=bg,
+        bottom=background,
         color="tab:green",
         label="foreground prompt tokens",
     )
-    low.set_ylabel("tokens / iteration")
-    low.set_xlabel("time since run start (s)")
-    low.legend(loc="upper right", fontsize=8)
-    fig.suptitle(f"Timeline: {run.title}", fontsize=11)
-    fig.tight_layout()
-    return _save(fig, path)
+    ax.set_ylabel("tokens / iteration")
+    ax.set_xlabel("time since run start (s)")
+    ax.legend(loc="upper right", fontsize=8)
 
 
 def _latencies(run: RunData, cls: str) -> dict[str, np.ndarray]:

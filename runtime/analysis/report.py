@@ -61,20 +61,20 @@ def write_report(paths: list[Path], out: Path) -> Path:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot write the report to {out}: {e.strerror}") from None
-    e = html.escape
+    esc = html.escape
     body: list[str] = []
     figures: list[tuple[str, Path]] = [("Latency CDFs", plots.latency_cdfs(runs, out / "cdfs.png"))]
     if len(runs) > 1:
         figures.append(("P99 per policy", plots.p99_bars(runs, out / "p99.png")))
 
     rows = "".join(
-        f"<tr><td>{e(r.label)}</td><td>{e(r.summary['workload']['name'])}</td>"
-        f"<td>{e(r.summary['backend']['name'])}{' (simulated)' if r.summary.get('simulated') else ''}</td>"
-        + "".join(f"<td>{e(f(r.summary))}</td>" for _, f in COLUMNS)
+        f"<tr><td>{esc(r.label)}</td><td>{esc(r.summary['workload']['name'])}</td>"
+        f"<td>{esc(r.summary['backend']['name'])}{' (simulated)' if r.summary.get('simulated') else ''}</td>"
+        + "".join(f"<td>{esc(f(r.summary))}</td>" for _, f in COLUMNS)
         + "</tr>"
         for r in runs
     )
-    head = "".join(f"<th>{e(c)}</th>" for c, _ in COLUMNS)
+    head = "".join(f"<th>{esc(c)}</th>" for c, _ in COLUMNS)
     body.append(
         f"<h2>Runs</h2><table><tr><th>run</th><th>workload</th><th>backend</th>{head}</tr>"
         f"{rows}</table>"
@@ -82,18 +82,18 @@ def write_report(paths: list[Path], out: Path) -> Path:
     for rep in reports:
         body.append(_comparison_html(rep))
     for title, png in figures:
-        body.append(f'<h2>{e(title)}</h2><img src="{e(png.name)}" alt="{e(title)}">')
+        body.append(f'<h2>{esc(title)}</h2><img src="{esc(png.name)}" alt="{esc(title)}">')
     taken: set[str] = set()
     for run in runs:
         slug = _slug(run, taken)
-        body.append(f"<h2>{e(run.title)}</h2><p>{e(str(run.path))}</p>")
+        body.append(f"<h2>{esc(run.title)}</h2><p>{esc(str(run.path))}</p>")
         png = plots.timeline(run, out / f"timeline-{slug}.png")
-        body.append(f'<img src="{e(png.name)}" alt="timeline {e(run.label)}">')
+        body.append(f'<img src="{esc(png.name)}" alt="timeline {esc(run.label)}">')
         tel = plots.telemetry(run, out / f"telemetry-{slug}.png")
         if tel is not None:
-            body.append(f'<img src="{e(tel.name)}" alt="telemetry {e(run.label)}">')
+            body.append(f'<img src="{esc(tel.name)}" alt="telemetry {esc(run.label)}">')
         else:
-            body.append(f"<p>No telemetry plotted: {e(_why_no_telemetry(run))}</p>")
+            body.append(f"<p>No telemetry plotted: {esc(_why_no_telemetry(run))}</p>")
     page = out / "report.html"
     page.write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>edgeprefill report</title>"

@@ -24,9 +24,6 @@ class Piece:
     time_s: float  # on the runtime's clock
 
 
-_END = object()
-
-
 class RequestHandle:
     """Filled by the runtime's engine thread; read by anyone.
 
@@ -46,10 +43,10 @@ class RequestHandle:
         self._cancel = cancel
         self._handover = handover
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._events: queue.SimpleQueue[Piece | object] = queue.SimpleQueue()
+        self._events: queue.SimpleQueue[Piece | None] = queue.SimpleQueue()
         self._done = threading.Event()
         # Set once an `async for` consumes it: events then go straight to its event loop.
-        self._async: tuple[asyncio.AbstractEventLoop, asyncio.Queue[Piece | object]] | None = None
+        self._async: tuple[asyncio.AbstractEventLoop, asyncio.Queue[Piece | None]] | None = None
         self._lock = threading.Lock()
         self._sent = 0  # output tokens streamed so far
 
@@ -82,8 +79,8 @@ class RequestHandle:
         return times[0] - self.request.arrival_s if times else None
 
     def __iter__(self) -> Iterator[Piece]:
-        while (event := self._events.get()) is not _END:
-            yield event  # type: ignore[misc]
+        while (event := self._events.get()) is not None:
+            yield event
 
     async def __aiter__(self) -> AsyncIterator[Piece]:
         """Events reach the event loop through the runtime's `Handover`, once an iteration
@@ -91,7 +88,7 @@ class RequestHandle:
         stream ran asyncio's default executor out of threads (a few per core) with twenty
         open streams, and tokens queued behind them (a served run's P99 ITL was 1.4 s
         where `run` had 0.1 s)."""
-        events: asyncio.Queue[Piece | object] = asyncio.Queue()
+        events: asyncio.Queue[Piece | None] = asyncio.Queue()
         with self._lock:
             while True:  # what arrived before this consumer did, in order
                 try:
@@ -99,8 +96,8 @@ class RequestHandle:
                 except queue.Empty:
                     break
             self._async = (asyncio.get_running_loop(), events)
-        while (event := await events.get()) is not _END:
-            yield event  # type: ignore[misc]
+        while (event := await events.get()) is not None:
+            yield event
 
     # --- called from the engine thread ---------------------------------------------
     def _catch_up(self) -> None:
@@ -119,9 +116,10 @@ class RequestHandle:
         if tail:
             self._put(Piece(None, tail, self.request.token_times_s[-1]))
         self._done.set()
-        self._put(_END)
+        self._put(None)  # the end
 
-    def _put(self, event: Piece | object) -> None:
+    def _put(self, event: Piece | None) -> None:
+        """A piece, or None after the last one."""
         with self._lock:
             target = self._async
             if target is None:

@@ -26,7 +26,7 @@ import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from edgeprefill.runtime.api.chat_prompt import encode_chat
 from edgeprefill.runtime.api.commands import Command, CommandLoop
@@ -245,8 +245,8 @@ class Runtime:
 
     def _prompt(self, messages: list[dict[str, str]] | list[int]) -> list[int]:
         if all(isinstance(m, int) for m in messages):
-            return list(messages)  # type: ignore[arg-type]
-        return encode_chat(self.backend.tokenizer, messages)  # type: ignore[arg-type]
+            return cast(list[int], list(messages))
+        return encode_chat(self.backend.tokenizer, cast(list[dict[str, str]], messages))
 
     def _cancel(self, req: Request) -> None:
         self._commands.put(("cancel", req))

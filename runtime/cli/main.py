@@ -12,20 +12,18 @@ import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 import cloup
 
 from edgeprefill.runtime.cli.flags import as_flags
-from edgeprefill.runtime.cli.options import PATH, device_options, run_options
+from edgeprefill.runtime.cli.options import PATH, Decorator, device_options, run_options
 from edgeprefill.runtime.cli.serving import server_options, server_settings
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.policies import DEFAULT_POLICY
 from edgeprefill.runtime.runner.devices import open_device
 from edgeprefill.runtime.runner.devices.kind import option
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 @cloup.group()
@@ -146,9 +144,9 @@ def calibrate(run_dir: Path, out: Path | None) -> None:
     click.echo(f"cost model: {out}")
 
 
-def comparison_options(policies: str, seeds: int, out: str) -> Callable[[F], F]:
+def comparison_options(policies: str, seeds: int, out: str) -> Decorator:
     """The options `compare` and `sweep` share."""
-    options = [
+    options: list[Decorator] = [
         click.argument("workload", type=click.Path(path_type=Path)),
         cloup.option_group(
             "Comparison",
@@ -173,7 +171,7 @@ def comparison_options(policies: str, seeds: int, out: str) -> Callable[[F], F]:
         device_options(batching="exact"),
     ]
 
-    def apply(f: F) -> F:
+    def apply(f: Callable[..., Any]) -> Callable[..., Any]:
         return functools.reduce(lambda g, opt: opt(g), reversed(options), f)
 
     return apply

@@ -139,7 +139,14 @@ THERMAL = cloup.option_group(
 
 def device_options(batching: str = "auto") -> Decorator:
     """Every device option, `batching` being the command's default batching mode."""
-    groups = [device_group(), batching_group(batching), ADMISSION, KV_CACHE, TELEMETRY, THERMAL]
+    groups: list[Decorator] = [
+        device_group(),
+        batching_group(batching),
+        ADMISSION,
+        KV_CACHE,
+        TELEMETRY,
+        THERMAL,
+    ]
     groups += [cloup.option_group(k.title, *k.options) for k in kinds() if k.options]
 
     def apply(f: Callable[..., Any]) -> Callable[..., Any]:

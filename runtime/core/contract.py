@@ -108,6 +108,10 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str, *, add_bos: bool, special: bool) -> list[int]: ...
 
+    def decode(self, tokens: list[int]) -> str:
+        """Text of token ids (a document's answer, read whole)."""
+        ...
+
     def chat_parts(self, system: str | None) -> tuple[str, str]:
         """The model's chat template around one user message: (text before, text after)."""
         ...

@@ -8,9 +8,11 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from edgeprefill.runtime.core.budget import BudgetPolicy
+from edgeprefill.runtime.core.contract import Capacity
 from edgeprefill.runtime.core.costs.profile import DeviceProfile
 from edgeprefill.runtime.core.iteration import Advance
 from edgeprefill.runtime.core.plan import IterationTiming
+from edgeprefill.runtime.core.planner import BackgroundCap
 from edgeprefill.runtime.core.request import Request
 
 
@@ -29,11 +31,14 @@ class RunClock:
 
 class Driver(Protocol):
     clock: Any
-    policy: BudgetPolicy
+    guard: BackgroundCap | None  # the thermal guard, which caps background prompt tokens
     # Set by a consumer of streamed tokens; called on the driver's thread once an
     # iteration's tokens are appended to their requests, before the driver's own
     # bookkeeping, which a streamed token would otherwise wait for (history, section C).
     on_tokens: Callable[[], None] | None
+
+    @property
+    def policy(self) -> BudgetPolicy: ...
 
     @property
     def has_work(self) -> bool: ...
@@ -74,6 +79,12 @@ class SchedulingBackend(Protocol):
 
     name: str
     tokenizer: Any
+    prefix_cache: Any  # its own prefix caching, which a run can clear and flush (None: off)
+
+    @property
+    def capacity(self) -> Capacity:
+        """What a server admits requests by: the backend's own batch and sequence limits."""
+        ...
 
     def engine(
         self,

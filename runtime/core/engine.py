@@ -164,8 +164,8 @@ class Engine:
         prompt work; documents' decodes in it finish first (the backend computes them
         before any prompt chunk). Chats' work is never stopped: neither their prompts nor
         iterations that carry their tokens."""
-        chats = plan.n_decode_foreground or plan.n_prefill_foreground
-        abortable = self.backend.supports_abort and plan.n_prefill > 0 and not chats
+        foreground = plan.n_decode_foreground or plan.n_prefill_foreground
+        abortable = self.backend.supports_abort and plan.n_prefill > 0 and not foreground
         work = self.scheduler.work(plan)
         started = self.clock.now()
         host_s = None if self._device_done is None else started - self._device_done
@@ -198,7 +198,7 @@ class Engine:
         # not list ran whole (decodes, and a prompt's one-token last piece, which is shaped
         # as a decode and computed with them).
         kept_by_seq = {w.seq_id: kept_by_seq.get(w.seq_id, len(w.tokens)) for w in work}
-        id_to_seq = {r.id: r.seq_id for r in self.scheduler.running}
+        id_to_seq = {r.id: r.seq_id for r in self.scheduler.running if r.seq_id is not None}
         kept = {rid: kept_by_seq[id_to_seq[rid]] for rid in plan.prefill}
         done = replace(plan, prefill={rid: n for rid, n in kept.items() if n > 0})
         work = [

@@ -87,13 +87,13 @@ class SchedState:
     def without_background_decodes(self, riders: int = 0) -> SchedState:
         """The state as an iteration that defers the background's decodes (all but
         `riders` of them, each attending to their mean context) will see it."""
-        bg_ctx = self.decode_ctx - self.decode_ctx_foreground
+        background_ctx = self.decode_ctx - self.decode_ctx_foreground
         share = riders / self.n_decode_background if self.n_decode_background else 0.0
         # A copy with two fields set: `dataclasses.replace` (which rebuilds all 18 through
         # `__init__`) cost ~6x as much, in most iterations beside a document's decode.
         state = copy.copy(self)
         state.n_decode = self.n_decode_foreground + riders
-        state.decode_ctx = self.decode_ctx_foreground + round(bg_ctx * share)
+        state.decode_ctx = self.decode_ctx_foreground + round(background_ctx * share)
         return state
 
 
@@ -165,10 +165,11 @@ class Plan:
     n_decode_foreground: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        fg = self.foreground
         self.n_prefill = sum(self.prefill.values())
-        self.n_prefill_foreground = sum(n for rid, n in self.prefill.items() if rid in fg)
-        self.n_decode_foreground = sum(rid in fg for rid in self.decode)
+        self.n_prefill_foreground = sum(
+            n for rid, n in self.prefill.items() if rid in self.foreground
+        )
+        self.n_decode_foreground = sum(rid in self.foreground for rid in self.decode)
 
     @property
     def n_prefill_background(self) -> int:

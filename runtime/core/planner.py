@@ -70,11 +70,11 @@ def sched_state(
 ) -> SchedState:
     """One pass over the candidates (planning runs between two device calls, where a
     chat's next token waits)."""
-    n_running = n_waiting = n_decode = n_decode_fg = decode_ctx = decode_ctx_fg = 0
-    n_prompts_fg = 0
+    n_running = n_waiting = n_decode = n_decode_foreground = decode_ctx = decode_ctx_foreground = 0
+    n_prompts_foreground = 0
     ends: int | None = None  # the fewest tokens a foreground decode may still generate
     for c in candidates:
-        n_prompts_fg += c.cls == "foreground" and c.prompt_left > 0
+        n_prompts_foreground += c.cls == "foreground" and c.prompt_left > 0
         if not c.admitted:
             n_waiting += 1
         elif c.prompt_left:
@@ -83,29 +83,30 @@ def sched_state(
             n_decode += 1
             decode_ctx += c.computed + 1
             if c.cls == "foreground":
-                n_decode_fg += 1
-                decode_ctx_fg += c.computed + 1
+                n_decode_foreground += 1
+                decode_ctx_foreground += c.computed + 1
                 if c.output_left is not None and (ends is None or c.output_left < ends):
                     ends = c.output_left
     head = _prompt_head(candidates)
-    fg = head if head is not None and head.cls == "foreground" else None
+    # the foreground prompt next in line, if a foreground one is next
+    lead = head if head is not None and head.cls == "foreground" else None
     return SchedState(
         n_prefill_running=n_running,
         n_prefill_waiting=n_waiting,
         n_decode=n_decode,
-        n_decode_foreground=n_decode_fg,
+        n_decode_foreground=n_decode_foreground,
         n_batch=n_batch,
         last=last,
         decode_ctx=decode_ctx,
         next_prefill_pos=head.computed if head is not None else 0,
         next_prefill_left=head.prompt_left if head is not None else 0,
-        decode_ctx_foreground=decode_ctx_fg,
-        foreground_prompt_left=fg.prompt_left if fg is not None else 0,
-        foreground_prompt_pos=fg.computed if fg is not None else 0,
-        foreground_waited_s=max(now_s - fg.arrival_s, 0.0) if fg is not None else 0.0,
-        foreground_ttft_target_s=fg.ttft_target_s if fg is not None else None,
-        foreground_ttft_slowdown=fg.ttft_slowdown if fg is not None else None,
-        foreground_prompts_behind=max(n_prompts_fg - 1, 0) if fg is not None else 0,
+        decode_ctx_foreground=decode_ctx_foreground,
+        foreground_prompt_left=lead.prompt_left if lead is not None else 0,
+        foreground_prompt_pos=lead.computed if lead is not None else 0,
+        foreground_waited_s=max(now_s - lead.arrival_s, 0.0) if lead is not None else 0.0,
+        foreground_ttft_target_s=lead.ttft_target_s if lead is not None else None,
+        foreground_ttft_slowdown=lead.ttft_slowdown if lead is not None else None,
+        foreground_prompts_behind=max(n_prompts_foreground - 1, 0) if lead is not None else 0,
         foreground_decode_ends=ends,
         may_defer=may_defer,
     )

@@ -62,19 +62,29 @@ def make_plan(decision: Decision, rows: Sequence[PlanRow], chunking: Chunking) -
     left = budget_cap = room if budget is None else max(0, min(budget, room))
     if left == 0 and not decision.floor:  # most iterations beside a chat's decodes
         return Plan(decision, decode, {}, deferred, foreground)
-    bg_left = bg_cap = left if background_cap is None else min(background_cap, left)
+    background_left = background_allowed = (
+        left if background_cap is None else min(background_cap, left)
+    )
     prefill: dict[str, int] = {}
-    by_fg = False  # a foreground prompt chunk is planned
+    foreground_planned = False  # a foreground prompt chunk is planned
     for row in _prefill_order(rows):
-        floor = (decision.floor or 0) if row.cls == "foreground" and not by_fg else 0
+        floor = (decision.floor or 0) if row.cls == "foreground" and not foreground_planned else 0
         if left == 0 and not floor:
             break
-        if row.cls == "background" and budget is None and by_fg and decision.foreground_alone:
+        if (
+            row.cls == "background"
+            and budget is None
+            and foreground_planned
+            and decision.foreground_alone
+        ):
             # A chat's prompt is in this iteration and no policy sized the rest: its
             # first token waits for every background token beside it, so none ride.
             break
         if row.cls == "background":
-            avail, full = min(left, bg_left), left == budget_cap and bg_left == bg_cap
+            avail, full = (
+                min(left, background_left),
+                left == budget_cap and background_left == background_allowed,
+            )
         elif floor > left:
             avail, full = min(floor, room - sum(prefill.values())), True
         else:
@@ -83,10 +93,10 @@ def make_plan(decision: Decision, rows: Sequence[PlanRow], chunking: Chunking) -
         if n == 0:
             continue
         prefill[row.id] = n
-        by_fg = by_fg or row.cls == "foreground"
+        foreground_planned = foreground_planned or row.cls == "foreground"
         left = max(left - n, 0)
         if row.cls == "background":
-            bg_left -= n
+            background_left -= n
     return Plan(decision, decode, prefill, deferred, foreground)
 
 

@@ -7,22 +7,23 @@ Policies (and later backends and arrival processes) are chosen on the command li
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from edgeprefill.runtime.core.errors import UserError
 
-T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Registry(Generic[T]):
-    """Factories registered under unique names, for one kind of thing."""
+class Registry(Generic[F]):
+    """Factories (of type F: a class, or a callable object) registered under unique names,
+    for one kind of thing."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
-        self._factories: dict[str, Callable[..., T]] = {}
+        self._factories: dict[str, F] = {}
 
-    def register(self, name: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
-        def add(factory: Callable[..., T]) -> Callable[..., T]:
+    def register(self, name: str) -> Callable[[F], F]:
+        def add(factory: F) -> F:
             if name in self._factories:
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
             self._factories[name] = factory
@@ -30,7 +31,7 @@ class Registry(Generic[T]):
 
         return add
 
-    def get(self, name: str) -> Callable[..., T]:
+    def get(self, name: str) -> F:
         try:
             return self._factories[name]
         except KeyError:

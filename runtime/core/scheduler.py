@@ -110,9 +110,12 @@ class Scheduler:
             return f"max_tokens must be at least 1, got {req.max_tokens}"
         cap = self.capacity
         limit, where = cap.n_ctx_seq, f"a sequence holds {cap.n_ctx_seq}"
-        bg_limit = cap.n_ctx - self.foreground_kv_cells
-        if req.cls == "background" and bg_limit < limit:
-            limit, where = bg_limit, f"background work may use {bg_limit} of {cap.n_ctx}"
+        background_limit = cap.n_ctx - self.foreground_kv_cells
+        if req.cls == "background" and background_limit < limit:
+            limit, where = (
+                background_limit,
+                f"background work may use {background_limit} of {cap.n_ctx}",
+            )
         if req.kv_cells > limit:
             return (
                 f"prompt of {req.prompt_len} tokens plus {req.max_tokens} output tokens needs "
@@ -237,12 +240,12 @@ class Scheduler:
         for rid in plan.decode:
             r = by_id[rid]
             pos = r.prompt_len + r.decode_tokens_fed
-            out.append(SeqWork(r.seq_id, [r.output[-1]], pos, r.sampling))  # type: ignore[arg-type]
+            out.append(SeqWork(_seq(r), [r.output[-1]], pos, r.sampling))
         for rid, n in plan.prefill.items():
             r = by_id[rid]
             chunk = r.prompt[r.num_computed : r.num_computed + n]
             last = r.num_computed + n == r.prompt_len
-            out.append(SeqWork(r.seq_id, chunk, r.num_computed, r.sampling if last else None))  # type: ignore[arg-type]
+            out.append(SeqWork(_seq(r), chunk, r.num_computed, r.sampling if last else None))
         return out
 
     def update(self, plan: Plan, sampled: dict[int, int], now_s: float) -> list[Request]:
@@ -316,3 +319,9 @@ class Scheduler:
         self._release(req.seq_id)
         heapq.heappush(self._free_seqs, req.seq_id)
         self.kv_free += req.kv_cells
+
+
+def _seq(req: Request) -> int:
+    """The sequence a running request holds (given at admission, kept until it ends)."""
+    assert req.seq_id is not None
+    return req.seq_id

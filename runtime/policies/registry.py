@@ -11,14 +11,16 @@ from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.registry import Registry
 
-POLICIES: Registry[BudgetPolicy] = Registry("policy")
+POLICIES: Registry[type[BudgetPolicy]] = Registry("policy")
 
 
 def parse_policy(spec: str) -> BudgetPolicy:
     """Build a policy from `name`, `name:VALUE` (its first parameter) or `name:k=v,k=v`."""
     name, _, argstr = spec.strip().partition(":")
     factory = POLICIES.get(name)
-    fields = [f for f in dataclasses.fields(factory) if f.init]  # type: ignore[arg-type]
+    if not dataclasses.is_dataclass(factory):  # its fields are its parameters
+        raise TypeError(f"policy {name!r} is registered as {factory!r}, not a dataclass")
+    fields = [f for f in dataclasses.fields(factory) if f.init]
     hints = typing.get_type_hints(factory)
     usage = ",".join(f"{f.name}=..." for f in fields) or "no parameters"
     kwargs: dict[str, Any] = {}

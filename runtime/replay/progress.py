@@ -50,11 +50,11 @@ class LiveProgress:
         self._counted = time.monotonic()
         for c, task in self._tasks.items():
             done = sum(r.done for r in self._requests if r.cls == c)
-            info = ""
+            self._progress.update(task, completed=done)
             if c == "background" and it is not None:
                 cap = "none" if it.plan.budget is None else it.plan.budget
                 info = f"budget {cap}  prefill {it.plan.n_prefill}  decode {it.plan.n_decode}"
-            self._progress.update(task, completed=done, **({"info": info} if info else {}))
+                self._progress.update(task, info=info)
 
     def __enter__(self) -> Callable[[Iteration | None], None]:
         self._progress.start()

@@ -106,10 +106,10 @@ class RunWriter(Closeable):
         spans = []
         for it in self._iterations_written():
             if it["error"] is None:
-                fg = it["n_decode_foreground"] + it["n_prefill_foreground"]
-                bg = it["n_decode"] + it["n_prefill"] - fg
+                foreground = it["n_decode_foreground"] + it["n_prefill_foreground"]
+                background = it["n_decode"] + it["n_prefill"] - foreground
                 end = it["t_start_s"] + it["duration_s"]
-                spans.append(IterationSpan(it["t_start_s"], end, fg, bg))
+                spans.append(IterationSpan(it["t_start_s"], end, foreground, background))
         return spans
 
     @property

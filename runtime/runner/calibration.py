@@ -32,8 +32,8 @@ def probe_device(backend: Backend | SchedulingBackend, seed: int = 0) -> DeviceP
         )
     script = _Script(backend, seed)
     try:
-        script.run([script.chunk(script.fg, 32, sample=True)])
-        decode_times = [script.run([script.decode(script.fg)]) for _ in range(6)]
+        script.run([script.chunk(script.foreground, 32, sample=True)])
+        decode_times = [script.run([script.decode(script.foreground)]) for _ in range(6)]
         script.chunks_beside_a_decode((16, 64, 128, 256, 512, 64, 16))
         script.two_decodes(3)
     finally:
@@ -52,14 +52,14 @@ def probe_device(backend: Backend | SchedulingBackend, seed: int = 0) -> DeviceP
 
 
 class _Script:
-    """Timed iterations of a foreground sequence (`fg`) and a background one (`bg`; the
-    same on a single-sequence device), each continuing where it left off."""
+    """Timed iterations of a foreground sequence and a background one (the same on a
+    single-sequence device), each continuing where it left off."""
 
     def __init__(self, backend: Backend, seed: int) -> None:
         self.backend = backend
         self.tokens = PromptBuilder(backend.tokenizer).synthetic(1600, np.random.default_rng(seed))
-        self.fg, self.bg = 0, min(1, backend.capacity.n_seq_max - 1)
-        self.pos = {self.fg: 0, self.bg: 0}
+        self.foreground, self.background = 0, min(1, backend.capacity.n_seq_max - 1)
+        self.pos = {self.foreground: 0, self.background: 0}
         self.timings: list[IterationTiming] = []
 
     def run(self, work: list[SeqWork]) -> float:
@@ -79,22 +79,27 @@ class _Script:
         """Background chunks, each beside a foreground decode (alone on one sequence)."""
         cap = self.backend.capacity
         for c in sizes:
-            c = min(c, cap.n_batch - 1, cap.max_chunk or c, cap.n_ctx_seq - 64 - self.pos[self.bg])
+            c = min(
+                c,
+                cap.n_batch - 1,
+                cap.max_chunk or c,
+                cap.n_ctx_seq - 64 - self.pos[self.background],
+            )
             if c < 1:
                 break
-            work = [self.chunk(self.bg, c)]
-            if self.bg != self.fg:
-                work.insert(0, self.decode(self.fg))
+            work = [self.chunk(self.background, c)]
+            if self.background != self.foreground:
+                work.insert(0, self.decode(self.foreground))
             self.run(work)
 
     def two_decodes(self, n: int) -> None:
         """Two decodes in one pass: separates a pass from a sampled row."""
-        if self.bg != self.fg:
+        if self.background != self.foreground:
             for _ in range(n):
-                self.run([self.decode(self.fg), self.decode(self.bg)])
+                self.run([self.decode(self.foreground), self.decode(self.background)])
 
     def release(self) -> None:
-        for seq in {self.fg, self.bg}:
+        for seq in {self.foreground, self.background}:
             self.backend.release(seq)
 
 

@@ -86,7 +86,7 @@ def run_workload(
         if config is not None:
             sampler = stack.enter_context(_sampler(config, engine, out))
             if o.thermal is not None:
-                engine.guard = ThermalGuard(sampler.latest, o.thermal)  # type: ignore[misc]
+                engine.guard = ThermalGuard(sampler.latest, o.thermal)
         show = stack.enter_context(LiveProgress(requests, enabled=o.progress))
         outcome = run_requests(engine, requests, writer, show)
         telemetry = _telemetry(sampler, config, writer, simulated)

@@ -63,15 +63,18 @@ class Admission:
     ) -> RequestHandle:
         param = "messages" if isinstance(body, ChatRequest) else "prompt"
         limit = self._fits(body, len(prompt), param)
-        options = {
-            "max_tokens": limit,
-            "cls": body.cls,
-            "sampling": body.sampling(),
-            "ttft_target_s": None if body.ttft_target_ms is None else body.ttft_target_ms / 1e3,
-            "ignore_eos": body.ignore_eos,
-            "after_prefix_of": after_prefix_of,
-        }
-        return self._admit(lambda: self.runtime.submit(prompt, **options), body.cls)
+        return self._admit(
+            lambda: self.runtime.submit(
+                prompt,
+                max_tokens=limit,
+                cls=body.cls,
+                sampling=body.sampling(),
+                ttft_target_s=None if body.ttft_target_ms is None else body.ttft_target_ms / 1e3,
+                ignore_eos=body.ignore_eos,
+                after_prefix_of=after_prefix_of,
+            ),
+            body.cls,
+        )
 
     def submit_document(
         self, prompt: list[int], kept: int, max_tokens: int, doc_id: str, param: str

@@ -181,9 +181,10 @@ class ServerMetrics:
 
     def _add_energy(self, sample: dict[str, Any]) -> None:
         """On the sampling thread: the energy between the previous sample and this one."""
-        pair, self._last_sample = [self._last_sample, sample], sample
-        if pair[0] is None:
+        last, self._last_sample = self._last_sample, sample
+        if last is None:
             return
+        pair = [last, sample]
         for device, series in (
             ("cpu", cpu_series(pair, self._tdp_w)),
             ("gpu", gpu_series(pair)),

@@ -22,6 +22,7 @@ from edgeprefill.runtime.traffic.workload import (
     AboutPrompt,
     DocumentsPrompt,
     Range,
+    SyntheticPrompt,
     TextPrompt,
     TraceArrivals,
     Workload,
@@ -84,13 +85,15 @@ def _stream(
                 raise UserError(f"stream {name} asks about stream {spec.stream}, which has none")
             doc = about[i % len(about)]
             other = workload.streams[spec.stream].prompt
+            assert isinstance(other, TextPrompt | DocumentsPrompt)  # the workload checked it
             n_question = int(row.get("prompt_tokens", _draw(spec.question, lengths)))
             prefix = doc.prompt[: doc.share_prefix]
-            prompt = builder.question(prefix, other, n_question, text)  # type: ignore[arg-type]
+            prompt = builder.question(prefix, other, n_question, text)
             source = f"about {doc.id}"
         else:
-            n_prompt = _draw(spec.tokens, lengths)  # type: ignore[union-attr]
-            prompt = builder.build(spec, int(row.get("prompt_tokens", n_prompt)), text)  # type: ignore[arg-type]
+            assert isinstance(spec, TextPrompt | SyntheticPrompt)  # documents came as `docs`
+            n_prompt = _draw(spec.tokens, lengths)
+            prompt = builder.build(spec, int(row.get("prompt_tokens", n_prompt)), text)
         n_out = int(row.get("output_tokens", _draw(stream.output_tokens, lengths)))
         s = stream.sampling
         sample_seed = s.seed if s.seed is not None else (seed * 1_000_003 + i) & 0xFFFFFFFF

@@ -12,6 +12,8 @@ from edgeprefill.runtime.traffic.workload import (
     DocumentsPrompt,
     Range,
     Stream,
+    SyntheticPrompt,
+    TextPrompt,
     TraceArrivals,
     Workload,
 )
@@ -44,7 +46,9 @@ def _shape(stream: Stream, prompt: float | None = None) -> RequestShape:
         # Each file is split on its own: a file's last piece is short.
         pieces = max(1, sum(math.ceil(t / (p.chunk_tokens * PIECE_FILL)) for t in per_file))
         return RequestShape(pieces, sum(per_file) / pieces, output)
-    prompt = _mean(p.tokens) if prompt is None else prompt  # type: ignore[union-attr]
+    if prompt is None:
+        assert isinstance(p, TextPrompt | SyntheticPrompt)  # a question's length is given
+        prompt = _mean(p.tokens)
     if isinstance(a, TraceArrivals) and a.rows:  # a row's own lengths replace the ranges
         rows = a.rows
         prompt = statistics.fmean(r.get("prompt_tokens", prompt) for r in rows)

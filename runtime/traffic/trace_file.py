@@ -51,10 +51,10 @@ def read_trace(path: Path) -> list[dict[str, float]]:
         row: dict[str, float] = {}
         for key in FIELDS:
             value = obj.get(key)
-            if value in (None, "") and key != "timestamp_s":
+            if (value is None or value == "") and key != "timestamp_s":
                 continue
             try:
-                number = float(value)  # type: ignore[arg-type]
+                number = float(value)  # type: ignore[arg-type]  # None: TypeError, reported
             except (TypeError, ValueError):
                 raise ValueError(
                     f"{path} line {i}: {key} must be a number, got {value!r}"

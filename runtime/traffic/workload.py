@@ -7,7 +7,7 @@ the key path as written in the file, what was wrong, and what is allowed.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -389,8 +389,8 @@ def _child_model(model: Any, key: Any) -> Any:
         for name, field in model.model_fields.items():
             if key in (name, field.alias):
                 annotation = field.annotation
-                if getattr(annotation, "__origin__", None) is dict:
-                    return ("dict", annotation.__args__[1])
+                if get_origin(annotation) is dict:
+                    return ("dict", get_args(annotation)[1])
                 members = _unwrap(annotation)
                 return members[0] if len(members) == 1 else tuple(members)
     if isinstance(model, tuple) and model and model[0] == "dict":

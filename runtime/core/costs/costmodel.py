@@ -17,7 +17,7 @@ sampled row's cost `per_decode_s`; they still load.)
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -123,7 +123,13 @@ class CostModel:
         """Non-negative least squares on feature rows `x` (see `features`) and durations."""
         coef, _ = nnls(x, y)
         rmse = float(np.sqrt(np.mean((y - x @ coef) ** 2)))
-        return cls(*map(float, coef), n_samples=len(y), rmse_s=rmse)
+        return cls.of(coef, n_samples=len(y), rmse_s=rmse)
+
+    @classmethod
+    def of(cls, coef: Iterable[float], *, n_samples: int, rmse_s: float) -> CostModel:
+        """A model from its coefficients, in the order of `features`' columns."""
+        per_pass, per_sampled, per_prefill, per_kctx = map(float, coef)
+        return cls(per_pass, per_sampled, per_prefill, per_kctx, n_samples, rmse_s)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -139,7 +139,7 @@ class OnlineFit:
         k = N_FEATURES
         fitted = sum(coef[i] * normal[i][j] * coef[j] for i in range(k) for j in range(k))
         sse = normal[k][k] - 2 * sum(coef[i] * normal[i][k] for i in range(k)) + fitted
-        return CostModel(*coef, n_samples=n, rmse_s=math.sqrt(max(sse, 0.0) / n))
+        return CostModel.of(coef, n_samples=n, rmse_s=math.sqrt(max(sse, 0.0) / n))
 
     @staticmethod
     def _constrained(g: np.ndarray) -> list[float] | None:

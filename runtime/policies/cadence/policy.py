@@ -164,14 +164,14 @@ class CadencePolicy(BudgetPolicy):
         foreground decodes they would push over the target: the most of them that fit, at
         least one. All of them at once made every ninth iteration of a burst of chats one
         row per document longer (122-141 ms in the simulator at one thread, the P99)."""
-        n_bg = state.n_decode_background
-        if state.may_defer or not (n_bg and state.n_decode_foreground):
+        n_background = state.n_decode_background
+        if state.may_defer or not (n_background and state.n_decode_foreground):
             return None
         if not self._over(state, target):
             return None
         fits = (
             k
-            for k in range(n_bg - 1, 0, -1)
+            for k in range(n_background - 1, 0, -1)
             if not self._over(state.without_background_decodes(k), target)
         )
         return next(fits, 1)

@@ -58,16 +58,16 @@ def param_names(options: tuple[Decorator, ...]) -> list[str]:
     return [p.name for p in params if p.name]
 
 
-DEVICES: Registry[AbstractContextManager[Opened]] = Registry("backend")
+DEVICES: Registry[DeviceKind] = Registry("backend")
 
 
 def kinds() -> list[DeviceKind]:
-    return [DEVICES.get(name) for name in DEVICES.names()]  # type: ignore[misc]
+    return [DEVICES.get(name) for name in DEVICES.names()]
 
 
 def check_options(o: Options, given: set[str], flag: Callable[[str], str]) -> DeviceKind:
     """The device `--backend` names, once no option given is one it would ignore."""
-    kind: DeviceKind = DEVICES.get(o["backend"])  # type: ignore[assignment]
+    kind = DEVICES.get(o["backend"])
     others = {name: k.name for k in kinds() if k is not kind for name in k.own}
     for name in sorted(given):
         why = f"it is --backend {others[name]}'s" if name in others else kind.ignores.get(name)
@@ -82,7 +82,7 @@ def check_options(o: Options, given: set[str], flag: Callable[[str], str]) -> De
 def open_device(o: Options, work: ExpectedWork | None = None) -> AbstractContextManager[Opened]:
     """The backend the options name, set up for the `work` the command will run, and the
     device profile policies default from."""
-    kind: DeviceKind = DEVICES.get(o["backend"])  # type: ignore[assignment]
+    kind = DEVICES.get(o["backend"])
     return kind(o, work)
 
 

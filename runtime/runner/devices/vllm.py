@@ -40,7 +40,10 @@ VLLM = kind.DEVICES.register("vllm")(
         "vLLM backend",
         options=(
             kind.option(
-                "--dtype", "auto", "weight and activation dtype (auto, float32, bfloat16, float16)"
+                "--dtype",
+                "auto",
+                "weight and activation dtype",
+                type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
             ),
             kind.option(
                 "--tensor-parallel-size",
