@@ -69,9 +69,12 @@ class CudaEventTimer:
     clock = "cuda_event"
 
     def __init__(self, torch: Any) -> None:
-        self._event = lambda: torch.cuda.Event(enable_timing=True)
+        self._torch = torch
         self._open: tuple[int, int, Any] | None = None
         self._pending: deque[tuple[int, int, Any, Any]] = deque()
+
+    def _event(self) -> Any:
+        return self._torch.cuda.Event(enable_timing=True)
 
     def start(self, step: int, tokens: int) -> None:
         ev = self._event()

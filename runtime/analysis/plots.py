@@ -5,6 +5,8 @@ backend, policy, workload and seed."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -198,15 +200,24 @@ def p99_bars(runs: list[RunData], path: Path) -> Path:
     return _save(fig, path)
 
 
-def _telemetry_series(samples: list[dict[str, Any]]) -> dict[str, dict[str, tuple]]:
-    """Panel -> line label -> (times, values) for what the run's telemetry holds."""
-    out: dict[str, dict[str, tuple]] = defaultdict(dict)
+Series = tuple[np.ndarray, np.ndarray]  # (times, values)
 
-    def series(label: str, panel: str, pick) -> None:
+
+def _gpu_reading(sample: dict[str, Any], key: str, index: int) -> Any:
+    gpus = sample.get("gpu", {}).get("gpus", [])
+    return next((g[key] for g in gpus if g["index"] == index), None)
+
+
+def _telemetry_series(samples: list[dict[str, Any]]) -> dict[str, dict[str, Series]]:
+    """Panel -> line label -> (times, values) for what the run's telemetry holds."""
+    out: dict[str, dict[str, Series]] = defaultdict(dict)
+
+    def series(label: str, panel: str, pick: Callable[[dict[str, Any]], Any]) -> None:
         pts = [(s["t_s"], pick(s)) for s in samples]
         pts = [(t, v) for t, v in pts if v is not None]
         if pts:
-            out[panel][label] = tuple(np.array(x) for x in zip(*pts, strict=True))
+            times, values = zip(*pts, strict=True)
+            out[panel][label] = (np.array(times), np.array(values))
 
     series("CPU", "temperature (°C)", lambda s: s.get("cpu_temp", {}).get("c"))
     live = any(s.get("cpu_freq", {}).get("live") for s in samples)
@@ -215,13 +226,9 @@ def _telemetry_series(samples: list[dict[str, Any]]) -> dict[str, dict[str, tupl
     series("CPU load", "CPU load (%)", lambda s: s.get("cpu_load", {}).get("percent"))
     gpus = {g["index"] for s in samples for g in s.get("gpu", {}).get("gpus", [])}
     for idx in sorted(gpus):
-
-        def gpu(s: dict[str, Any], key: str, i: int = idx) -> Any:
-            return next((g[key] for g in s.get("gpu", {}).get("gpus", []) if g["index"] == i), None)
-
-        series(f"GPU{idx}", "temperature (°C)", lambda s, i=idx: gpu(s, "temp_c", i))
-        series(f"GPU{idx} SM", "clock (MHz)", lambda s, i=idx: gpu(s, "sm_mhz", i))
-        series(f"GPU{idx}", "power (W)", lambda s, i=idx: gpu(s, "power_avg_w", i))
+        series(f"GPU{idx}", "temperature (°C)", partial(_gpu_reading, key="temp_c", index=idx))
+        series(f"GPU{idx} SM", "clock (MHz)", partial(_gpu_reading, key="sm_mhz", index=idx))
+        series(f"GPU{idx}", "power (W)", partial(_gpu_reading, key="power_avg_w", index=idx))
     rapl = [s for s in samples if "rapl" in s]
     if len(rapl) > 1:
         t = np.array([s["t_s"] for s in rapl])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,8 @@ from edgeprefill.runtime.analysis import plots
 from edgeprefill.runtime.analysis.rundata import RunData, find_runs
 from edgeprefill.runtime.core.errors import UserError
 
-COLUMNS = (
+# (header, the cell's text from a run's summary)
+COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     ("completed", lambda s: f"{s['completed']}/{s['completed'] + s['failed']}"),
     ("fg mean TTFT (s)", lambda s: _ms_to_s(s["foreground"].get("mean_ttft_ms"))),
     ("fg P99 TTFT (s)", lambda s: _ms_to_s(s["foreground"].get("p99_ttft_ms"))),

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import click
 import cloup
@@ -328,7 +328,7 @@ def _policy_lists(policies: str, baselines: str | None) -> tuple[list[str], list
     return names, bases
 
 
-class _ConsoleHandler(logging.StreamHandler):
+class _ConsoleHandler(logging.StreamHandler[TextIO]):
     """Warnings to whatever stderr is now (a caller may have redirected it)."""
 
     def __init__(self) -> None:

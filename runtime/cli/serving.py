@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 import cloup
 
+from edgeprefill.runtime.cli.options import Decorator
 from edgeprefill.runtime.policies import DEFAULT_POLICY
 from edgeprefill.runtime.runner.devices.kind import option
 
@@ -18,8 +20,8 @@ log = logging.getLogger(__name__)
 API_KEY_ENV = "EDGEPREFILL_API_KEY"
 
 
-def server_options() -> Any:
-    def apply(f: Any) -> Any:
+def server_options() -> Decorator:
+    def apply(f: Callable[..., Any]) -> Callable[..., Any]:
         return _serve_group()(_limits_group()(f))
 
     return apply

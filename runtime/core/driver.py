@@ -7,12 +7,11 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from edgeprefill.runtime.core.budget import BudgetPolicy
+from edgeprefill.runtime.core.budget import BackgroundCap, BudgetPolicy
 from edgeprefill.runtime.core.contract import Capacity
 from edgeprefill.runtime.core.costs.profile import DeviceProfile
 from edgeprefill.runtime.core.iteration import Advance
 from edgeprefill.runtime.core.plan import IterationTiming
-from edgeprefill.runtime.core.planner import BackgroundCap
 from edgeprefill.runtime.core.request import Request
 
 

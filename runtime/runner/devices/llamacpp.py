@@ -23,7 +23,7 @@ from edgeprefill.runtime.runner.devices.kind import (
 )
 
 
-class Size(click.ParamType):
+class Size(click.ParamType[int]):
     """A size in bytes: 512MiB, 2GiB, 1.5G (binary units), or a plain number of bytes."""
 
     name = "SIZE"
