@@ -22,8 +22,8 @@ import numpy as np
 from edgeprefill.runtime.core.contract import (
     Backend,
     Capacity,
+    IterationResult,
     SeqWork,
-    StepResult,
     plain_transcript,
 )
 from edgeprefill.runtime.core.costs.costmodel import CostModel
@@ -145,7 +145,9 @@ class SimBackend(Backend):
 
     supports_abort = True
 
-    def execute(self, work: Sequence[SeqWork], abort: threading.Event | None = None) -> StepResult:
+    def execute(
+        self, work: Sequence[SeqWork], abort: threading.Event | None = None
+    ) -> IterationResult:
         """Price the batch with the cost model and move the clock on by it. With an `abort`
         flag, as llama.cpp: the decodes finish first; an alarm ringing during the prompt work
         stops it there, keeping the prompt tokens computed by then (in the scheduler's
@@ -156,17 +158,17 @@ class SimBackend(Backend):
         duration = self._noisy(predicted)
         if abort is None or not chunks:
             self.clock.sleep(duration)
-            return StepResult(duration_s=duration, sampled=self._sampled(work))
+            return IterationResult(duration_s=duration, sampled=self._sampled(work))
         decoding = duration * self._predict(decodes) / predicted if decodes else 0.0
         self.clock.advance(decoding)
         if abort.is_set():
-            return StepResult(decoding, self._sampled(decodes), {w.seq_id: 0 for w in chunks})
+            return IterationResult(decoding, self._sampled(decodes), {w.seq_id: 0 for w in chunks})
         computing = self.clock.advance(duration - decoding, abort)
         if not abort.is_set():
-            return StepResult(duration_s=duration, sampled=self._sampled(work))
+            return IterationResult(duration_s=duration, sampled=self._sampled(work))
         kept = self._kept(chunks, computing / (duration - decoding))
         done = [w for w in chunks if kept[w.seq_id] == len(w.tokens)]
-        return StepResult(decoding + computing, self._sampled(decodes + done), kept)
+        return IterationResult(decoding + computing, self._sampled(decodes + done), kept)
 
     def _predict(self, work: Sequence[SeqWork]) -> float:
         n_decode = sum(w.is_decode for w in work)

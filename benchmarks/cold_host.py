@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from edgeprefill.backends.sim import SimBackend
-from edgeprefill.runtime.core.contract import Capacity, SeqWork, StepResult
+from edgeprefill.runtime.core.contract import Capacity, IterationResult, SeqWork
 from edgeprefill.runtime.core.costs.costmodel import CostModel
 from edgeprefill.runtime.core.costs.profile import DeviceProfile
 from edgeprefill.runtime.core.engine import Engine
@@ -53,7 +53,9 @@ class SweepingBackend(SimBackend):
         self.sweep = np.ones(sweep_mb * 2**20 // 8) if sweep_mb else None
         self.spent_s = 0.0
 
-    def execute(self, work: Sequence[SeqWork], abort: threading.Event | None = None) -> StepResult:
+    def execute(
+        self, work: Sequence[SeqWork], abort: threading.Event | None = None
+    ) -> IterationResult:
         t0 = time.perf_counter()
         if self.sweep is not None:
             self.sweep.sum()
@@ -90,7 +92,7 @@ def host_times(iterations: int, sweep_mb: int) -> np.ndarray:
         while engine.has_work:
             backend.spent_s = 0.0
             t0 = time.perf_counter()
-            it = engine.step()
+            it = engine.iterate()
             assert it is not None, "the engine stalled with work left"
             writer.iteration(it)
             times.append(time.perf_counter() - t0 - backend.spent_s)

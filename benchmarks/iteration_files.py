@@ -23,7 +23,7 @@ PACKAGE = Path(edgeprefill.runtime.core.engine.__file__).parents[2]
 
 
 def traced_files(engine: Engine) -> list[str]:
-    """The package's files whose code ran in one `engine.step()`, in first-call order."""
+    """The package's files whose code ran in one `engine.iterate()`, in first-call order."""
     seen: dict[str, None] = {}
 
     def tracer(frame, event, arg):  # type: ignore[no-untyped-def]
@@ -34,7 +34,7 @@ def traced_files(engine: Engine) -> list[str]:
 
     sys.settrace(tracer)
     try:
-        engine.step()
+        engine.iterate()
     finally:
         sys.settrace(None)
     return list(seen)
@@ -47,7 +47,7 @@ def main() -> None:
         prompt = backend.tokenizer.encode("the river " * 400, add_bos=True, special=True)
         engine.add(Request("chat", "foreground", 0.0, prompt[:40], 8))
         while not engine.scheduler.running or engine.scheduler.running[0].remaining_prompt:
-            engine.step()
+            engine.iterate()
         engine.add(Request("doc", "background", 0.0, prompt, 8))
         admitting = traced_files(engine)
         plain = traced_files(engine)

@@ -55,7 +55,7 @@ def ttft(engine: Engine, template: Request) -> tuple[float, Request]:
     engine.add(req)
     first = None
     while engine.has_work:
-        engine.step()
+        engine.iterate()
         if first is None and req.output:
             first = time.perf_counter() - t0
     assert first is not None

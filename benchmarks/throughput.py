@@ -29,8 +29,8 @@ from edgeprefill.backends.bundled_model import default_model_path
 from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
 from edgeprefill.backends.llamacpp.probe import plain_tokens
 from edgeprefill.runtime.core.engine import Engine
+from edgeprefill.runtime.core.load import ExpectedLoad, RequestShape
 from edgeprefill.runtime.core.request import Request
-from edgeprefill.runtime.core.work import ExpectedWork, RequestShape
 from edgeprefill.runtime.policies import UnlimitedPolicy
 
 PREFILL = 2048
@@ -93,7 +93,7 @@ def edgeprefill_prefill(be: LlamaCppBackend) -> dict[str, float]:
         engine = Engine(be, UnlimitedPolicy())
         engine.add(Request("p", "background", 0.0, tokens, max_tokens=1))
         t0 = time.perf_counter()
-        it = engine.step()
+        it = engine.iterate()
         rates.append(PREFILL / (time.perf_counter() - t0))
         assert it is not None and it.plan.n_prefill == PREFILL and not engine.has_work
     return {"prefill": statistics.median(rates)}
@@ -113,7 +113,7 @@ def edgeprefill_decode(be: LlamaCppBackend) -> dict[str, float]:
         steps = []
         while engine.has_work:
             t0 = time.perf_counter()
-            it = engine.step()
+            it = engine.iterate()
             elapsed = time.perf_counter() - t0
             if it is not None and it.plan.n_decode == n and not it.plan.prefill:
                 steps.append(elapsed)
@@ -123,8 +123,8 @@ def edgeprefill_decode(be: LlamaCppBackend) -> dict[str, float]:
 
 # What each measurement computes, told to the backend as `run` tells it a workload's
 # expected work: its probe then picks the settings fastest for that work.
-PREFILL_WORK = ExpectedWork((RequestShape(1, PREFILL, 1),))
-DECODE_WORK = ExpectedWork((RequestShape(max(PARALLEL), 0, DECODE_STEPS),))
+PREFILL_WORK = ExpectedLoad((RequestShape(1, PREFILL, 1),))
+DECODE_WORK = ExpectedLoad((RequestShape(max(PARALLEL), 0, DECODE_STEPS),))
 
 
 def main() -> None:
@@ -137,7 +137,7 @@ def main() -> None:
     args = ap.parse_args()
     model = default_model_path()
 
-    def backend(work: ExpectedWork) -> LlamaCppBackend:
+    def backend(work: ExpectedLoad) -> LlamaCppBackend:
         return LlamaCppBackend(
             LlamaCppConfig(
                 model=model,
@@ -145,7 +145,7 @@ def main() -> None:
                 n_seq_max=max(PARALLEL),
                 n_threads=args.threads,
                 batching=args.batching,
-                expected_work=work,
+                expected_load=work,
             )
         )
 
@@ -210,7 +210,7 @@ def summarize(rounds: list[dict[str, Any]], backends: dict[str, dict[str, Any]])
         }
     return {
         "backends": {
-            side: {k: d[k] for k in ("model_description", "n_threads", "batching", "expected_work")}
+            side: {k: d[k] for k in ("model_description", "n_threads", "batching", "expected_load")}
             | {"probe_source": d["probe"]["source"]}
             for side, d in backends.items()
         },

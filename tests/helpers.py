@@ -65,7 +65,7 @@ def drain(engine: Engine, requests: list[Request]) -> list[Iteration]:
         engine.add(r)
     iterations = []
     while engine.has_work:
-        it = engine.step()
+        it = engine.iterate()
         assert it is not None, "scheduler stalled with work left"
         iterations.append(it)
     return iterations

@@ -83,7 +83,7 @@ def test_run_writes_results_that_agree_with_each_other(tmp_path):
     assert batching["mode"] == ("exact" if batching["exact_cost"] < 0.03 else "fast")
     assert probe["source"] in ("measured", "cache") and Path(probe["path"]).exists()
     # settings were chosen for this workload's work, estimated before the model loaded
-    assert summary["backend"]["expected_work"]["requests"] == 5
+    assert summary["backend"]["expected_load"]["requests"] == 5
     assert "fastest for the run's expected" in batching["reason"]
     requests = read_jsonl(out / "requests.jsonl")
     iterations = read_jsonl(out / "iterations.jsonl")

@@ -50,9 +50,9 @@ def test_an_idle_wait_for_an_arrival_is_not_host_time():
     drain(engine, [chat("a")])
     backend.clock.sleep(5.0)  # nothing to do until the next chat arrives
     engine.add(chat("b", backend.clock.now()))
-    first = engine.step()  # only the backend's own host work counts (none on the sim)
+    first = engine.iterate()  # only the backend's own host work counts (none on the sim)
     assert first is not None and first.timing.host_s == pytest.approx(0.0, abs=1e-9)
-    second = engine.step()
+    second = engine.iterate()
     assert second is not None and second.timing.host_s == pytest.approx(0.0, abs=1e-9)
 
 
@@ -85,7 +85,7 @@ def test_every_moment_between_device_calls_is_counted_on_llama_cpp(make_backend)
     iterations = []
     t0 = time.perf_counter()
     while engine.has_work:
-        it = engine.step()
+        it = engine.iterate()
         assert it is not None
         iterations.append(it)
     wall = time.perf_counter() - t0
@@ -94,7 +94,6 @@ def test_every_moment_between_device_calls_is_counted_on_llama_cpp(make_backend)
     counted = sum(it.timing.duration_s for it in iterations) + sum(hosts)
     assert len(iterations) >= 64 and counted <= wall
     assert wall - counted < 2 * max(hosts)
-
 
 
 def test_a_chats_token_is_handed_over_before_the_engine_saves_a_document_or_observes():

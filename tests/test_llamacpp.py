@@ -117,7 +117,7 @@ def test_kv_cells_are_released_after_more_requests_than_sequences(make_backend):
     for r in reqs:
         engine.add(r)
     while engine.has_work:
-        it = engine.step()
+        it = engine.iterate()
         assert it is not None
         seen_seqs |= {r.seq_id for r in engine.scheduler.running}
         for seq in range(2):  # cells are held only by running sequences that computed some

@@ -407,16 +407,16 @@ def test_a_documents_decodes_wait_while_a_chats_prompt_computes(spec):
     A policy that does not cap (`unlimited`, what llama-server does) leaves them in."""
     engine = Engine(SimBackend(COST, CAP), parse_policy(spec))
     engine.add(Request("doc", "background", 0.0, list(range(100, 150)), 40, ignore_eos=True))
-    engine.step()  # the document's prompt: it decodes from now on
+    engine.iterate()  # the document's prompt: it decodes from now on
     chat = Request("chat", "foreground", 0.0, list(range(100, 400)), 8, ignore_eos=True)
     engine.add(chat)
     plans = []
     while not chat.output:
-        plans.append(engine.step().plan)  # until the chat has its first token
+        plans.append(engine.iterate().plan)  # until the chat has its first token
     assert plans and all("chat" in p.prefill for p in plans)
     if spec == "unlimited":
         assert all(list(p.decode) == ["doc"] and not p.deferred for p in plans)
     else:
         assert all(list(p.deferred) == ["doc"] and not p.decode for p in plans)
-    after = engine.step().plan
+    after = engine.iterate().plan
     assert "doc" in after.decode  # and it decodes again once the chat's prompt is in

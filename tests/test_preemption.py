@@ -51,7 +51,7 @@ def tokens(backend, n: int, seed: int) -> list[int]:
 def run_alone(engine: Engine, req: Request) -> list[int]:
     engine.add(req)
     while engine.has_work:
-        assert engine.step() is not None
+        assert engine.iterate() is not None
     return req.output
 
 
@@ -70,7 +70,7 @@ def test_a_document_aborted_part_way_resumes_with_the_same_greedy_output(make_ba
     req = Request("doc", "background", 0, doc, 8)
     engine.add(req)
     engine._abort = StopAfter(nodes + nodes // 2)  # type: ignore[assignment]
-    it = engine.step()  # stops in its second micro-batch
+    it = engine.iterate()  # stops in its second micro-batch
     n_ubatch = be.settings.n_ubatch
     assert it is not None and it.preempted == {**it.preempted, "kept": n_ubatch}
     assert it.preempted["lost"] == len(doc) - n_ubatch
@@ -78,7 +78,7 @@ def test_a_document_aborted_part_way_resumes_with_the_same_greedy_output(make_ba
     assert be.seq_pos_max(req.seq_id) == n_ubatch - 1  # the stopped one left no cells
     assert req.status is Status.PREFILL and not req.output
     while engine.has_work:  # positions go on from the sequence's real end
-        engine.step()
+        engine.iterate()
     assert req.output == reference
 
 
@@ -95,15 +95,15 @@ def test_a_micro_batch_that_wraps_the_sliding_window_ring_finishes_before_a_stop
     engine = Engine(be, parse_policy("static:800"))
     req = Request("doc", "background", 0, doc, 8)
     engine.add(req)
-    engine.step()
+    engine.iterate()
     p0 = req.num_computed
     assert p0 < be.ring.size < p0 + 512  # the next chunk's first micro-batch wraps
     engine._abort = StopAfter(3)  # type: ignore[assignment]  # set from the first node on
-    it = engine.step()
+    it = engine.iterate()
     assert it is not None and it.preempted is not None and it.preempted["kept"] == 512
     assert req.num_computed == p0 + 512 == be.seq_pos_max(req.seq_id) + 1
     while engine.has_work:
-        engine.step()
+        engine.iterate()
     assert req.error is None and req.output == reference
 
 
@@ -125,21 +125,21 @@ def test_documents_decodes_finish_and_only_their_prompt_work_stops(make_backend)
     for r in ref:
         reference.add(r)
     while reference.has_work:
-        reference.step()
+        reference.iterate()
 
     engine = Engine(be, UnlimitedPolicy())
     a, b = pair()
     engine.add(a)
     engine.add(b)
-    engine.step()  # both prompts start; the short one ends and samples its first token
+    engine.iterate()  # both prompts start; the short one ends and samples its first token
     engine.preempt()  # a chat arrives before the next iteration's prompt pass
-    it = engine.step()
+    it = engine.iterate()
     assert it is not None and it.plan.decode == ("short",) and it.preempted is not None
     assert len(a.output) == 2 and a.token_times_s[-1] >= it.t_start_s  # the decode kept
     assert it.preempted == {**it.preempted, "kept": 0, "lost": be.settings.n_ubatch}
     assert b.num_computed == be.seq_pos_max(b.seq_id) + 1  # no cells past what is kept
     while engine.has_work:
-        engine.step()
+        engine.iterate()
     assert (a.output, b.output) == (ref[0].output, ref[1].output)
 
 
@@ -158,13 +158,13 @@ def test_an_abort_anywhere_in_a_micro_batch_keeps_exact_outputs_exact(make_backe
         req = Request("doc", "background", 0, doc, 4, ignore_eos=True)
         engine.add(req)
         while req.num_computed < 900:
-            engine.step()
+            engine.iterate()
         assert not be.ring.abortable(req.seq_id, 900, 300)  # [900, 1200) wraps at 1024
         assert be.ring.abortable(req.seq_id, 1200, 300)
         engine._abort = stop  # type: ignore[assignment]
         stops = []
         while engine.has_work:
-            it = engine.step()
+            it = engine.iterate()
             if it is not None and it.preempted:
                 stops.append({**it.preempted, "at": req.num_computed})
         return req.output, stops
@@ -187,18 +187,18 @@ def test_decode_iterations_are_never_aborted_and_prompt_only_ones_are(make_backe
     chat = Request("chat", "foreground", 0, tokens(be, 40, 2), 6, ignore_eos=True)
     doc = Request("doc", "background", 0, tokens(be, 3000, 3), 4)
     engine.add(chat)
-    engine.step()  # the chat's prompt: it decodes from now on
+    engine.iterate()  # the chat's prompt: it decodes from now on
     engine.add(doc)
     engine.preempt()  # a stop is pending while decodes run beside the document
-    its = [engine.step() for _ in range(3)]
+    its = [engine.iterate() for _ in range(3)]
     assert all(it.plan.n_decode and it.preempted is None for it in its)
     while chat.status is not Status.FINISHED:
-        engine.step()
+        engine.iterate()
     engine.preempt()  # now the iteration holds document prompt work only
-    it = engine.step()
+    it = engine.iterate()
     assert it.preempted is not None and it.plan.decode == ()
     assert it.preempted["kept"] + it.preempted["lost"] == min(256, be.capacity.max_chunk or 256)
-    nxt = engine.step()  # the stop was used up: the next iteration runs whole
+    nxt = engine.iterate()  # the stop was used up: the next iteration runs whole
     assert nxt.preempted is None and nxt.plan.n_prefill > 0
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from edgeprefill.backends.llamacpp.probe_cache import _read
 from edgeprefill.backends.llamacpp.shapes import AttentionFacts, Overrides, choose_settings
-from edgeprefill.runtime.core.work import ExpectedWork, RequestShape
+from edgeprefill.runtime.core.load import ExpectedLoad, RequestShape
 
 
 def facts(
@@ -93,19 +93,19 @@ def test_a_setting_slow_deep_in_a_document_loses_even_if_it_decodes_faster():
     assert not choose_settings([off, on], "fast", n_seq_max=8, n_batch=2048).flash_attn
 
 
-def test_the_runs_expected_work_decides_flash_attention():
+def test_the_runs_expected_load_decides_flash_attention():
     # As above: decodes 5% faster with flash attention, chunks deep in documents 13% slower.
     off = facts(step_ms={g: 42.0 for g in range(1, 17)}, deep_ms=100.0)
     on = facts(True, pieces_ok=[], step_ms={g: 40.0 for g in range(1, 17)}, deep_ms=113.0)
-    chats = ExpectedWork((RequestShape(14, 300, 96),))
-    documents = ExpectedWork((RequestShape(14, 300, 96), RequestShape(6, 5000, 40)))
-    s = choose_settings([off, on], "fast", n_seq_max=8, n_batch=2048, work=chats)
+    chats = ExpectedLoad((RequestShape(14, 300, 96),))
+    documents = ExpectedLoad((RequestShape(14, 300, 96), RequestShape(6, 5000, 40)))
+    s = choose_settings([off, on], "fast", n_seq_max=8, n_batch=2048, load=chats)
     assert s.flash_attn and "4,200 prompt and 1,344 output tokens" in s.reason
     assert not choose_settings(
-        [off, on], "fast", n_seq_max=8, n_batch=2048, work=documents
+        [off, on], "fast", n_seq_max=8, n_batch=2048, load=documents
     ).flash_attn
     # exact batching picks among the settings that are exact, whatever the work
-    assert not choose_settings([off, on], "exact", n_seq_max=8, n_batch=2048, work=chats).flash_attn
+    assert not choose_settings([off, on], "exact", n_seq_max=8, n_batch=2048, load=chats).flash_attn
 
 
 def test_exact_where_nothing_is_bit_identical_says_so():

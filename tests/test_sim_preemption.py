@@ -58,16 +58,16 @@ def test_a_one_token_last_piece_computed_with_the_decodes_is_kept_when_the_rest_
     second = Request("doc1", "background", 0.0, prompt(2000, 4), 4, ignore_eos=True)
     engine = Engine(be, parse_policy("ppas:bcap=64"))
     engine.add(first), engine.add(second)
-    assert engine.step().plan.prefill == {"doc0": 64}
+    assert engine.iterate().plan.prefill == {"doc0": 64}
     # Ring halfway through the next iteration: doc0's last token, then doc1's 63.
     alarm = be.clock.alarm(engine.preempt)
     alarm.set(be.clock.now() + COST.predict(1, 63, 1, 0) / 2)
-    it = engine.step()
+    it = engine.iterate()
     alarm.close()
     assert it.preempted is not None and it.plan.prefill["doc0"] == 1
     assert first.remaining_prompt == 0 and len(first.output) == 1
     assert 0 < it.plan.prefill.get("doc1", 0) < 63 and second.output == []
     while engine.has_work:
-        engine.step()
+        engine.iterate()
     assert len(first.output) == len(second.output) == 4
     assert first.num_computed == 65 and second.num_computed == 2000

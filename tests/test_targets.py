@@ -52,7 +52,7 @@ def test_a_chat_beside_decodes_that_fill_the_itl_target_gets_its_first_token_in_
     for r in talking:
         engine.add(r)
     while not all(r.output for r in talking):
-        engine.step()
+        engine.iterate()
     late = Request(
         "late", "foreground", engine.clock.now(), list(range(10, 310)), 4, ttft_slowdown=3
     )
@@ -60,7 +60,7 @@ def test_a_chat_beside_decodes_that_fill_the_itl_target_gets_its_first_token_in_
     assert late.ttft_alone_s == pytest.approx(slow_profile().prompt_alone_s(300))
     iterations = []
     while not late.output:
-        iterations.append(engine.step())
+        iterations.append(engine.iterate())
     assert all(len(r.output) < 400 for r in talking)  # the others decoded all along
     # No progress only until it is late (2/3 of its prompt alone: ~6 iterations of 0.11 s),
     # then some of its prompt in every iteration up to its first token.

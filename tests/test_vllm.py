@@ -13,7 +13,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed (make test installs it
 
 from edgeprefill.backends.vllm.backend import VllmBackend  # noqa: E402
 from edgeprefill.runtime.core.budget import BudgetPolicy  # noqa: E402
-from edgeprefill.runtime.core.costs.steplimit import FIRST_PROMPT, StepLimit  # noqa: E402
+from edgeprefill.runtime.core.costs.iteration_limit import FIRST_PROMPT, IterationLimit  # noqa: E402
 from edgeprefill.runtime.core.plan import IterationTiming, SchedState  # noqa: E402
 from edgeprefill.runtime.core.planner import MAX_DEFERRED  # noqa: E402
 from edgeprefill.runtime.core.request import Request, Status  # noqa: E402
@@ -285,8 +285,10 @@ def test_a_documents_only_step_is_sized_for_the_wait_of_a_chat_arriving_during_i
     tok = vllm_backend.tokenizer
     wait_s = vllm_profile.cost.predict(0, 512, 1, 512 * 513 // 2, n_sampled=0)
     slowdown = 1 + wait_s / vllm_profile.prompt_alone_s(FIRST_PROMPT)
-    limit = StepLimit(vllm_profile, slowdown=slowdown, min_wait_s=0.0)
-    engine = vllm_backend.engine(parse_policy("unlimited"), profile=vllm_profile, step_limit=limit)
+    limit = IterationLimit(vllm_profile, slowdown=slowdown, min_wait_s=0.0)
+    engine = vllm_backend.engine(
+        parse_policy("unlimited"), profile=vllm_profile, iteration_limit=limit
+    )
     docs = add_documents(engine, tok)
     first = [it for _ in range(2) for it in engine.advance().iterations]
     chat = Request("chat", "foreground", 0.0, docs[0].prompt[:200], 4, ignore_eos=True)
@@ -304,7 +306,7 @@ def test_a_documents_only_step_is_sized_for_the_wait_of_a_chat_arriving_during_i
     # The largest step the limit allows: at the start of a prompt, nothing decoding, and
     # before any chat was seen (priced at a longer prompt than this chat's).
     widest = SchedState(1, 0, 0, 0, 1024, next_prefill_left=1000)
-    cap = StepLimit(vllm_profile, slowdown=slowdown, min_wait_s=0.0).cap(widest)
+    cap = IterationLimit(vllm_profile, slowdown=slowdown, min_wait_s=0.0).cap(widest)
     assert cap is not None and cap < 1024  # without the limit, documents went 1,024 a step
     longest = max(documents_only, key=lambda s: s.plan.n_prefill)
     assert longest.plan.n_prefill <= cap

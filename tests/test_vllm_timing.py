@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgeprefill.backends.vllm.steps import StepLedger, StepRecord, prompt_left
+from edgeprefill.backends.vllm.iterations import IterationLedger, IterationRecord, prompt_left
 from edgeprefill.backends.vllm.timing import CudaEventTimer, PerfCounterTimer
 from edgeprefill.runtime.core.plan import Decision, Plan
 
@@ -60,14 +60,16 @@ def test_perf_counter_readings_are_ready_when_the_step_returns():
     assert timer.poll() == []
 
 
-def record(step: int, decode: int, prefill: int) -> StepRecord:
+def record(step: int, decode: int, prefill: int) -> IterationRecord:
     decodes = tuple(f"d{i}" for i in range(decode))
-    plan = Plan(Decision(64), decodes, {"p": prefill} if prefill else {}, foreground={"p", *decodes})
-    return StepRecord(step, float(step), plan, 0, decode)
+    plan = Plan(
+        Decision(64), decodes, {"p": prefill} if prefill else {}, foreground={"p", *decodes}
+    )
+    return IterationRecord(step, float(step), plan, 0, decode)
 
 
 def test_a_late_reading_is_matched_to_the_step_it_measured():
-    ledger = StepLedger()
+    ledger = IterationLedger()
     ledger.add(record(0, 1, 64))
     ledger.add(record(1, 2, 0))  # async scheduling: step 1 planned before 0's reading
     assert ledger.match(0, 65).plan.n_prefill == 64
@@ -76,7 +78,7 @@ def test_a_late_reading_is_matched_to_the_step_it_measured():
 
 
 def test_readings_that_do_not_line_up_with_steps_are_an_error_not_a_wrong_number():
-    ledger = StepLedger()
+    ledger = IterationLedger()
     ledger.add(record(0, 1, 64))
     with pytest.raises(RuntimeError, match="no longer line up"):
         ledger.match(0, 3)

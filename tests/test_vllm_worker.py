@@ -16,8 +16,8 @@ from vllm.v1.outputs import (  # noqa: E402
     ModelRunnerOutput,
 )
 
-from edgeprefill.backends.vllm.steps import TIMINGS_ATTR  # noqa: E402
-from edgeprefill.backends.vllm.worker import _StepTimingMixin  # noqa: E402
+from edgeprefill.backends.vllm.iterations import TIMINGS_ATTR  # noqa: E402
+from edgeprefill.backends.vllm.worker import _IterationTimingMixin  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -35,7 +35,7 @@ class StandIn:
         return self.sampled
 
 
-class Timed(_StepTimingMixin, StandIn):
+class Timed(_IterationTimingMixin, StandIn):
     pass
 
 

@@ -176,15 +176,15 @@ def test_phased_arrivals_follow_each_phase_rate():
 @pytest.mark.parametrize(
     "name", ["assistant_plus_indexer", "chat_only", "ppas_bursty", "indexer_folder"]
 )
-def test_expected_work_is_what_the_workload_builds(name):
+def test_expected_load_is_what_the_workload_builds(name):
     """The backend picks settings for a run from this estimate, made before the model
     loads: it must be close to what the run then does."""
     from edgeprefill.backends.sim import SimTokenizer
     from edgeprefill.runtime.traffic.build import build_requests
-    from edgeprefill.runtime.traffic.expected import expected_work
+    from edgeprefill.runtime.traffic.expected import expected_load
 
     spec = load_workload(DEFAULT.parent / f"{name}.yaml")
-    work = expected_work(spec)
+    work = expected_load(spec)
     built = build_requests(spec, SimTokenizer())
     assert sum(s.count for s in work.shapes) == pytest.approx(len(built), rel=0.1)
     # means of the ranges against a few draws; documents are estimated from their size

@@ -29,10 +29,16 @@ from edgeprefill.backends.llamacpp.shapes import Batching, Overrides, choose_set
 from edgeprefill.backends.llamacpp.state_store import StateStore
 from edgeprefill.backends.llamacpp.swa_ring import SwaRing
 from edgeprefill.backends.llamacpp.tokenizer import LlamaTokenizer
-from edgeprefill.runtime.core.contract import Backend, BackendError, Capacity, SeqWork, StepResult
+from edgeprefill.runtime.core.contract import (
+    Backend,
+    BackendError,
+    Capacity,
+    IterationResult,
+    SeqWork,
+)
 from edgeprefill.runtime.core.errors import UserError
+from edgeprefill.runtime.core.load import ExpectedLoad
 from edgeprefill.runtime.core.request import SamplingParams
-from edgeprefill.runtime.core.work import ExpectedWork
 
 log = logging.getLogger(__name__)
 _SEQ_ID = operator.attrgetter("seq_id")
@@ -65,7 +71,7 @@ class LlamaCppConfig:
     probe_cache: Path | None = None  # None: the user's cache folder
     # The run's expected work: flash attention and n_ubatch are chosen fastest for it
     # (None: for prefill, deep chunks and decodes alike, e.g. an assistant not yet used).
-    expected_work: ExpectedWork | None = None
+    expected_load: ExpectedLoad | None = None
     # Saved prompt prefixes (documents the indexer read, reused by questions about them):
     # in memory up to kv_cache_ram bytes, then in kv_cache_dir (None: the user's cache
     # folder) up to kv_cache_disk bytes. kv_cache False: every prompt is computed.
@@ -142,7 +148,7 @@ class LlamaCppBackend(Backend):
                 n_seq_max=config.n_seq_max,
                 n_batch=config.n_batch,
                 overrides=config.overrides,
-                work=config.expected_work,
+                load=config.expected_load,
             )
             self._check_memory(footprint, self.settings.n_ubatch)
             self.ctx = self._stack.enter_context(closing(self._context()))
@@ -241,7 +247,9 @@ class LlamaCppBackend(Backend):
             "pieces": [s.min_chunk, s.chunk_quantum] if s.exact else None,
         }
 
-    def execute(self, work: Sequence[SeqWork], abort: threading.Event | None = None) -> StepResult:
+    def execute(
+        self, work: Sequence[SeqWork], abort: threading.Event | None = None
+    ) -> IterationResult:
         """One batch, decoded as groups: the decode tokens (in exact batching at most the
         probe's largest bit-identical group to a pass), then one group per prompt chunk.
 
@@ -276,14 +284,14 @@ class LlamaCppBackend(Backend):
                 spent, last_row = self._chunk(w, start, abort)
                 duration += spent
                 if last_row is None:  # the decodes are done and sampled: stop here
-                    return StepResult(duration, sampled, self._kept(chunks))
+                    return IterationResult(duration, sampled, self._kept(chunks))
                 if w.sample is not None:  # a chunk at its prompt's end
                     self._sample([w], sampled, last_row)
                 start += len(w.tokens)
         finally:
             if abort is not None:
                 self.ctx.arm_abort(None)
-        return StepResult(duration_s=duration, sampled=sampled)
+        return IterationResult(duration_s=duration, sampled=sampled)
 
     def _decode(self, start: int, n: int) -> float:
         t0 = time.perf_counter()
@@ -399,7 +407,7 @@ class LlamaCppBackend(Backend):
             "weights_repacked": self.model.repacked,
             "clock": "perf_counter",  # around the synchronous llama_decode
             "batching": self.settings.describe(),
-            "expected_work": c.expected_work and c.expected_work.describe(),
+            "expected_load": c.expected_load and c.expected_load.describe(),
             "probe": self.probe.describe(),
         }
 

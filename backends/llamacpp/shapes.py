@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
-from edgeprefill.runtime.core.work import ExpectedWork
+from edgeprefill.runtime.core.load import ExpectedLoad
 
 Mode = Literal["exact", "fast"]
 Batching = Literal["auto", "exact", "fast"]
@@ -145,9 +145,9 @@ def _costs(f: AttentionFacts, group: int | None, n: int, n_batch: int) -> list[f
 
 
 def _run_seconds(
-    f: AttentionFacts, group: int | None, n: int, n_batch: int, work: ExpectedWork
+    f: AttentionFacts, group: int | None, n: int, n_batch: int, load: ExpectedLoad
 ) -> float:
-    """The expected work's compute time with these facts: prompt tokens up to DEEP_DEPTH at
+    """The expected load's compute time with these facts: prompt tokens up to DEEP_DEPTH at
     the prefill rate, beyond it at the deep chunk's cost per token, outputs at the cost per
     row of passes of n rows."""
     shallow, deep, rows = _costs(f, group, n, n_batch)
@@ -158,7 +158,7 @@ def _run_seconds(
             + max(s.prompt_tokens - DEEP_DEPTH, 0.0) * deep / DEEP_CHUNK
             + s.output_tokens * rows / n
         )
-        for s in work.shapes
+        for s in load.shapes
     )
 
 
@@ -169,10 +169,10 @@ def choose_settings(
     n_seq_max: int,
     n_batch: int,
     overrides: Overrides | None = None,
-    work: ExpectedWork | None = None,
+    load: ExpectedLoad | None = None,
 ) -> BatchSettings:
     """Fast: the flash-attention setting and micro-batch that compute the run's expected
-    `work` fastest, every decode in one pass; with no work given, the one that prefills,
+    `load` fastest, every decode in one pass; with no load given, the one that prefills,
     computes a chunk deep in a document and decodes `n_seq_max` rows fastest, the three
     weighed alike. Exact: the fastest setting whose shapes the probe found bit-identical,
     decode groups and prompt pieces restricted to those shapes. Auto: exact where that is
@@ -186,9 +186,9 @@ def choose_settings(
         return [c / b for c, b in zip(_costs(f, group, n, n_batch), bests, strict=True)]
 
     def score(f: AttentionFacts, group: int | None) -> float:
-        if work is None or not work.shapes:
+        if load is None or not load.shapes:
             return sum(slowdowns(f, group))
-        return _run_seconds(f, group, n, n_batch, work)
+        return _run_seconds(f, group, n, n_batch, load)
 
     fast = min(facts, key=lambda f: score(f, None))
     exact = min(
@@ -211,10 +211,10 @@ def choose_settings(
     detail = (
         f"flash attention {'on' if settings.flash_attn else 'off'}, n_ubatch {settings.n_ubatch}"
     )
-    if work is not None and work.shapes:
+    if load is not None and load.shapes:
         detail += (
-            f" (fastest for the run's expected {work.prompt_tokens:,.0f} prompt and "
-            f"{work.output_tokens:,.0f} output tokens)"
+            f" (fastest for the run's expected {load.prompt_tokens:,.0f} prompt and "
+            f"{load.output_tokens:,.0f} output tokens)"
         )
     if mode == "exact" and inexact:
         detail += f"; not exact: {inexact}"

@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from edgeprefill.backends.vllm.check import require_vllm
 from edgeprefill.backends.vllm.engine import VllmEngine
+from edgeprefill.backends.vllm.iterations import TIMED_WORKERS
 from edgeprefill.backends.vllm.probe import probe_timings
-from edgeprefill.backends.vllm.steps import TIMED_WORKERS
 from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.contract import Capacity
 from edgeprefill.runtime.core.errors import UserError

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from edgeprefill.backends.vllm.steps import BACKGROUND_PRIORITY, FOREGROUND_PRIORITY, class_of
+from edgeprefill.backends.vllm.iterations import BACKGROUND_PRIORITY, FOREGROUND_PRIORITY, class_of
 from edgeprefill.runtime.core.budget import BudgetPolicy
+from edgeprefill.runtime.core.costs.iteration_limit import IterationLimit
 from edgeprefill.runtime.core.costs.profile import DeviceProfile
-from edgeprefill.runtime.core.costs.steplimit import StepLimit
 from edgeprefill.runtime.core.costs.targets import FirstTokenTargets
 from edgeprefill.runtime.core.driver import RunClock
 from edgeprefill.runtime.core.iteration import Advance, Iteration
@@ -37,9 +37,9 @@ class VllmEngine:
         guard: Any = None,
         clock: RunClock | None = None,
         profile: DeviceProfile | None = None,
-        step_limit: StepLimit | None = None,
+        iteration_limit: IterationLimit | None = None,
     ) -> None:
-        """`step_limit`: how long a documents-only step may run [default: priced from
+        """`iteration_limit`: how long a documents-only step may run [default: priced from
         `profile` (none without one)]; vLLM cannot stop a step a chat arrives during."""
         from vllm import SamplingParams
         from vllm.exceptions import VLLMValidationError
@@ -60,10 +60,10 @@ class VllmEngine:
         self._internal: dict[str, str] = {}  # our id -> vLLM's (it appends a suffix)
         self._external: dict[str, str] = {}  # vLLM's id -> ours
         self.on_tokens: Callable[[], None] | None = None  # see `Driver.on_tokens`
-        if step_limit is None and profile is not None:
-            step_limit = StepLimit(profile)
-        self.step_limit = step_limit
-        scheduler.install(policy, guard, self.clock.now, step_limit)
+        if iteration_limit is None and profile is not None:
+            iteration_limit = IterationLimit(profile)
+        self.iteration_limit = iteration_limit
+        scheduler.install(policy, guard, self.clock.now, iteration_limit)
 
     @property
     def guard(self) -> Any:
@@ -120,8 +120,8 @@ class VllmEngine:
             return False
         req.status = Status.PREFILL
         self.targets.estimate(req)
-        if self.step_limit is not None and req.cls == "foreground":
-            self.step_limit.saw_prompt(req.prompt_len)
+        if self.iteration_limit is not None and req.cls == "foreground":
+            self.iteration_limit.saw_prompt(req.prompt_len)
         self.scheduler.ep_ttft_targets[internal] = (req.ttft_target_s, req.ttft_slowdown)
         self._live[req.id] = req
         self._internal[req.id] = internal
@@ -129,7 +129,7 @@ class VllmEngine:
         return True
 
     def advance(self) -> Advance | None:
-        before = self.scheduler.ep_ledger.next_step
+        before = self.scheduler.ep_ledger.next_iteration
         outputs = self.llm.step()
         now = self.clock.now()
         finished: list[Request] = []
@@ -161,7 +161,7 @@ class VllmEngine:
             Iteration(c.record.t_start_s, self._ours(c.record.plan), c.timing, c.policy_state)
             for c in self.scheduler.take_completed()
         ]
-        if not iterations and not finished and self.scheduler.ep_ledger.next_step == before:
+        if not iterations and not finished and self.scheduler.ep_ledger.next_iteration == before:
             return None  # nothing was scheduled
         return Advance(iterations, finished)
 

@@ -24,18 +24,18 @@ from typing import TYPE_CHECKING, Any
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from edgeprefill.backends.vllm.steplog import StepLog, check_timed_worker
-from edgeprefill.backends.vllm.steps import (
+from edgeprefill.backends.vllm.iteration_log import IterationLog, check_timed_worker
+from edgeprefill.backends.vllm.iterations import (
     TIMINGS_ATTR,
-    CompletedStep,
-    StepLedger,
-    StepRecord,
+    CompletedIteration,
+    IterationLedger,
+    IterationRecord,
     class_of,
     prompt_left,
 )
 from edgeprefill.runtime.core.budget import BackgroundCap, BudgetPolicy
 from edgeprefill.runtime.core.contract import ctx_work
-from edgeprefill.runtime.core.costs.steplimit import StepLimit
+from edgeprefill.runtime.core.costs.iteration_limit import IterationLimit
 from edgeprefill.runtime.core.plan import Plan
 from edgeprefill.runtime.core.planner import Candidate, Planner
 from edgeprefill.runtime.core.planning import Chunking, PlanRow, make_plan
@@ -75,24 +75,24 @@ class BudgetMixin(_SchedulerBase):
         policy.check_ready()
         self.install(policy)
         # Until a driver installs its own policy (then it takes the completed steps).
-        self._ep_sink: StepLog | None = StepLog(extra.get("steps"))
+        self._ep_sink: IterationLog | None = IterationLog(extra.get("steps"))
 
     def install(
         self,
         policy: BudgetPolicy,
         guard: BackgroundCap | None = None,
         clock: Callable[[], float] = time.perf_counter,
-        step_limit: StepLimit | None = None,
+        iteration_limit: IterationLimit | None = None,
     ) -> None:
         """Use this policy (and thermal guard) from the next step on; `clock` stamps steps.
-        `step_limit` sizes documents-only steps: vLLM cannot stop a step a chat arrives in."""
-        self.ep_planner = Planner(policy, guard, step_limit)
+        `iteration_limit` sizes documents-only steps: vLLM cannot stop a step a chat arrives in."""
+        self.ep_planner = Planner(policy, guard, iteration_limit)
         self.ep_clock = clock
         old = getattr(self, "ep_ledger", None)
         if old is not None and old.waiting:
             raise RuntimeError("a new policy while steps still wait for their timing")
-        self.ep_ledger = StepLedger(old.next_step if old is not None else 0)
-        self.ep_completed: list[CompletedStep] = []
+        self.ep_ledger = IterationLedger(old.next_iteration if old is not None else 0)
+        self.ep_completed: list[CompletedIteration] = []
         self._ep_sink = None
         # This step's plan as vLLM applies it: prompt tokens granted by request id (None:
         # vLLM's own batching), and the background decodes it leaves out.
@@ -176,7 +176,7 @@ class BudgetMixin(_SchedulerBase):
         self._ep_grant[rid] = self._ep_grant.get(rid, 0) - allowed
         return allowed
 
-    def _ep_record(self, out: Any, t_start: float, planned: Plan) -> StepRecord:
+    def _ep_record(self, out: Any, t_start: float, planned: Plan) -> IterationRecord:
         """What vLLM scheduled of the plan (a request it could not allocate, or a prefix it
         found cached, leaves less)."""
         decode: list[str] = []
@@ -198,7 +198,7 @@ class BudgetMixin(_SchedulerBase):
             n_sampled += before + n >= req.num_tokens  # the chunk ends the prompt: samples
         deferred = tuple(r for r in planned.deferred if r not in out.num_scheduled_tokens)
         plan = Plan(planned.decision, tuple(decode), prefill, deferred, foreground)
-        return StepRecord(self.ep_ledger.next_step, t_start, plan, ctx, n_sampled)
+        return IterationRecord(self.ep_ledger.next_iteration, t_start, plan, ctx, n_sampled)
 
     # --- after the step ---------------------------------------------------------------
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
@@ -206,14 +206,14 @@ class BudgetMixin(_SchedulerBase):
             record = self.ep_ledger.match(reading.step, reading.tokens)
             timing = record.timing(reading.duration_s)
             self.ep_planner.observe(timing)
-            step = CompletedStep(record, timing, self.ep_planner.snapshot())
+            step = CompletedIteration(record, timing, self.ep_planner.snapshot())
             if self._ep_sink is None:
                 self.ep_completed.append(step)
             else:
                 self._ep_sink(step)
         return super().update_from_output(scheduler_output, model_runner_output)
 
-    def take_completed(self) -> list[CompletedStep]:
+    def take_completed(self) -> list[CompletedIteration]:
         """Steps whose timing arrived since the last call, in step order."""
         done, self.ep_completed = self.ep_completed, []
         return done

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
-class StepReading:
+class IterationReading:
     """One completed step's duration, as the worker measured it."""
 
     step: int  # the worker's count of steps it was given, from 0
@@ -23,14 +23,14 @@ class StepReading:
     duration_s: float
 
 
-class StepTimer(Protocol):
+class IterationTimer(Protocol):
     clock: str  # the name summary.json records
 
     def start(self, step: int, tokens: int) -> None: ...
 
     def stop(self) -> None: ...
 
-    def poll(self) -> list[StepReading]:
+    def poll(self) -> list[IterationReading]:
         """Readings of steps that have completed since the last poll, oldest first."""
         ...
 
@@ -42,7 +42,7 @@ class PerfCounterTimer:
 
     def __init__(self) -> None:
         self._open: tuple[int, int, float] | None = None
-        self._done: list[StepReading] = []
+        self._done: list[IterationReading] = []
 
     def start(self, step: int, tokens: int) -> None:
         self._open = (step, tokens, time.perf_counter())
@@ -51,10 +51,10 @@ class PerfCounterTimer:
         if self._open is None:
             return
         step, tokens, t0 = self._open
-        self._done.append(StepReading(step, tokens, time.perf_counter() - t0))
+        self._done.append(IterationReading(step, tokens, time.perf_counter() - t0))
         self._open = None
 
-    def poll(self) -> list[StepReading]:
+    def poll(self) -> list[IterationReading]:
         done, self._done = self._done, []
         return done
 
@@ -90,11 +90,11 @@ class CudaEventTimer:
         self._pending.append((step, tokens, start, end))
         self._open = None
 
-    def poll(self) -> list[StepReading]:
+    def poll(self) -> list[IterationReading]:
         out = []
         while self._pending and self._pending[0][3].query():
             step, tokens, start, end = self._pending.popleft()
-            out.append(StepReading(step, tokens, start.elapsed_time(end) / 1000.0))
+            out.append(IterationReading(step, tokens, start.elapsed_time(end) / 1000.0))
         return out
 
     @property

@@ -17,15 +17,15 @@ from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, M
 from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.gpu_worker import Worker
 
-from edgeprefill.backends.vllm.steps import TIMINGS_ATTR
-from edgeprefill.backends.vllm.timing import CudaEventTimer, PerfCounterTimer, StepTimer
+from edgeprefill.backends.vllm.iterations import TIMINGS_ATTR
+from edgeprefill.backends.vllm.timing import CudaEventTimer, IterationTimer, PerfCounterTimer
 
 
 class _TimedAsyncOutput(AsyncModelRunnerOutput):
     """Async scheduling: the step's output is materialized later; the readings completed
     by then go with it."""
 
-    def __init__(self, inner: AsyncModelRunnerOutput, worker: _StepTimingMixin) -> None:
+    def __init__(self, inner: AsyncModelRunnerOutput, worker: _IterationTimingMixin) -> None:
         self._inner = inner
         self._worker = worker
 
@@ -40,11 +40,11 @@ else:
     _WorkerBase = object
 
 
-class _StepTimingMixin(_WorkerBase):
-    _ep_timer: StepTimer | None = None
-    _ep_steps = 0
+class _IterationTimingMixin(_WorkerBase):
+    _ep_timer: IterationTimer | None = None
+    _ep_iterations = 0
 
-    def _timer(self) -> StepTimer:
+    def _timer(self) -> IterationTimer:
         if self._ep_timer is None:
             device = getattr(self, "device", None)
             on_gpu = device is not None and torch.device(device).type == "cuda"
@@ -57,8 +57,8 @@ class _StepTimingMixin(_WorkerBase):
         if tokens == 0:  # nothing computed: not a step the scheduler counts either
             return super().execute_model(scheduler_output)
         timer = self._timer()
-        timer.start(self._ep_steps, tokens)
-        self._ep_steps += 1
+        timer.start(self._ep_iterations, tokens)
+        self._ep_iterations += 1
         out = super().execute_model(scheduler_output)
         if out is None:  # sampling follows in sample_tokens
             return out
@@ -89,9 +89,9 @@ class _StepTimingMixin(_WorkerBase):
         return self._timer().clock
 
 
-class TimedCPUWorker(_StepTimingMixin, CPUWorker):
+class TimedCPUWorker(_IterationTimingMixin, CPUWorker):
     """vLLM's CPU worker, timed synchronously with perf_counter."""
 
 
-class TimedGPUWorker(_StepTimingMixin, Worker):
+class TimedGPUWorker(_IterationTimingMixin, Worker):
     """vLLM's GPU worker, timed with CUDA events."""

@@ -102,7 +102,7 @@ class RequestHandle:
     # --- called from the engine thread ---------------------------------------------
     def _catch_up(self) -> None:
         """Stream the tokens the driver appended and stamped since the last call: one an
-        iteration on llama.cpp, maybe more from one of vLLM's steps."""
+        iteration on llama.cpp, maybe more from one of vLLM's."""
         req = self.request
         for i in range(self._sent, len(req.output)):
             token = req.output[i]

@@ -363,7 +363,7 @@ class Runtime:
         self._engine_loop.fail(reason)
 
     def _finish(self) -> None:
-        """Save what is kept and write the summary. Each step's failure is logged, not
+        """Save what is kept and write the summary. Each part's failure is logged, not
         raised: the thread ends either way, and the rest is still worth saving."""
         if self.backend.prefix_cache is not None:
             _attempt("save the kept prefixes", self.backend.prefix_cache.flush)

@@ -41,8 +41,8 @@ def format_summary(s: dict[str, Any]) -> str:
             )
         )
     wait = s.get("step_wait")
-    if wait and wait["max_ms"] is not None:  # chats that arrived during a step
-        rows.append(("Longest wait for a running step:", f"{wait['max_ms']:.0f} ms"))
+    if wait and wait["max_ms"] is not None:  # chats that arrived during an iteration
+        rows.append(("Longest wait for a running iteration:", f"{wait['max_ms']:.0f} ms"))
     lines += [f"{k:<34}{_fmt(v):>22}" for k, v in rows]
     batching = s["backend"].get("batching")
     if batching is not None:  # the reason is longer than a table cell
@@ -51,10 +51,10 @@ def format_summary(s: dict[str, Any]) -> str:
         probe = s["backend"].get("probe")
         if probe is not None:
             lines.append(f"Device probe: {probe['source']} ({probe['path']})")
-    if s["backend"]["name"] == "vllm":  # what timed each completed step
+    if s["backend"]["name"] == "vllm":  # what timed each completed iteration
         b = s["backend"]
         lines.append(
-            f"vLLM {b['vllm_version']} on {b['device']}: {b['dtype']}, steps timed by "
+            f"vLLM {b['vllm_version']} on {b['device']}: {b['dtype']}, iterations timed by "
             f"{b['clock']}, {'async' if b['async_scheduling'] else 'sync'} scheduling"
         )
     for cls in CLASSES:

@@ -50,7 +50,7 @@ def run(workload: Path, policy_spec: str, out: Path | None, seed: int | None, **
     from edgeprefill.runtime.cli.console import format_summary
     from edgeprefill.runtime.policies import parse_policy
     from edgeprefill.runtime.runner.session import run_workload
-    from edgeprefill.runtime.traffic.expected import expected_work
+    from edgeprefill.runtime.traffic.expected import expected_load
     from edgeprefill.runtime.traffic.workload import load_workload
 
     spec = load_workload(workload)
@@ -59,7 +59,7 @@ def run(workload: Path, policy_spec: str, out: Path | None, seed: int | None, **
         stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
         out = Path("results") / f"{spec.name}-{policy_spec.replace(':', '_')}-{stamp}"
     options = run_options(o)  # bad values fail before the model loads
-    with open_device(o, expected_work(spec)) as (make_backend, profile):
+    with open_device(o, expected_load(spec)) as (make_backend, profile):
         result = run_workload(
             spec,
             workload,
@@ -239,7 +239,7 @@ def _compare_one(rates: list[float] | None, o: dict[str, Any]) -> None:
         run_comparison,
         run_sweep,
     )
-    from edgeprefill.runtime.traffic.expected import expected_work
+    from edgeprefill.runtime.traffic.expected import expected_load
     from edgeprefill.runtime.traffic.workload import load_workload
 
     workload = o.pop("workload")
@@ -250,7 +250,7 @@ def _compare_one(rates: list[float] | None, o: dict[str, Any]) -> None:
     out = out or Path("results") / f"{kind}-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     options = run_options(o, progress=None if rates is None else False)
     path = out / ("comparison.json" if rates is None else "sweep.json")
-    with open_device(o, expected_work(spec)) as (make_backend, profile):
+    with open_device(o, expected_load(spec)) as (make_backend, profile):
         c = Comparison(
             spec,
             workload,

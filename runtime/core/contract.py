@@ -144,7 +144,7 @@ def plain_transcript(messages: list[dict[str, str]]) -> str:
 
 
 @dataclass  # not frozen: one is built every iteration (see core/plan.py)
-class StepResult:
+class IterationResult:
     duration_s: float  # the completed forward pass, measured where the work finishes
     sampled: dict[int, int]  # sequence id -> sampled token, for work that asked for one
     # Set when the iteration was aborted part-way (preempted for a foreground arrival):
@@ -201,10 +201,12 @@ class Backend(Closeable, ABC):
     prefix_cache: PrefixCache | None = None
 
     @abstractmethod
-    def execute(self, work: Sequence[SeqWork], abort: threading.Event | None = None) -> StepResult:
+    def execute(
+        self, work: Sequence[SeqWork], abort: threading.Event | None = None
+    ) -> IterationResult:
         """Run one iteration holding every slice of `work` in one forward pass. With an
         `abort` flag (only ever for prompt work), a backend that `supports_abort` stops
-        soon after it is set and reports in `StepResult.kept` what it kept."""
+        soon after it is set and reports in `IterationResult.kept` what it kept."""
 
     @abstractmethod
     def release(self, seq_id: int) -> None:

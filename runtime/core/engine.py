@@ -1,7 +1,7 @@
 """The engine: one iteration is admit, plan, execute, observe, update, record.
 
 This is also the embedding API's core: a desktop assistant creates an `Engine` over a
-backend and a policy, `add()`s requests as they come, and calls `step()` in its own loop.
+backend and a policy, `add()`s requests as they come, and calls `iterate()` in its own loop.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class Engine:
     def has_work(self) -> bool:
         return self.scheduler.has_work
 
-    def step(self) -> Iteration | None:
+    def iterate(self) -> Iteration | None:
         """Run one iteration; None when nothing could be scheduled."""
         t_start = self.clock.now()
         restore_s = self._admit()
@@ -129,7 +129,7 @@ class Engine:
             self.planner.observe(ran.timing)
         return self._record(t_start, ran, finished, restore_s, save_s)
 
-    # --- the steps of one iteration -----------------------------------------------------
+    # --- the parts of one iteration -----------------------------------------------------
     def _admit(self) -> float | None:
         """Give waiting requests their sequences, each filled from the longest saved prefix
         of its prompt (those tokens count as computed; the budget is spent on the rest).
@@ -272,7 +272,7 @@ class Engine:
         return self.backend.supports_abort
 
     def advance(self) -> Advance | None:
-        it = self.step()
+        it = self.iterate()
         return None if it is None else Advance([it], it.finished)
 
     def cancel(self, req: Request) -> bool:

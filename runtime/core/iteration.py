@@ -62,7 +62,7 @@ class Iteration:
 @dataclass  # not frozen: one is built every iteration (see core/plan.py)
 class Advance:
     """What one call to a driver's `advance` produced: the iterations whose timing is
-    complete (on vLLM with CUDA events a step's timing can arrive a step later than its
+    complete (on vLLM with CUDA events an iteration's timing can arrive an iteration later than its
     tokens) and the requests that ended."""
 
     iterations: list[Iteration]

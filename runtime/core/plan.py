@@ -5,7 +5,7 @@ answers, once per iteration; `Plan` is what the scheduler made of that decision,
 and testable, before any backend runs it.
 
 These, and the other values built once per iteration (`Candidate`, `SeqWork`,
-`StepResult`, the engine's `Executed`, `Iteration`, `IterationSpan`), are plain dataclasses,
+`IterationResult`, the engine's `Executed`, `Iteration`, `IterationSpan`), are plain dataclasses,
 not frozen ones: they are built between two device calls, where a chat's next token waits,
 and a frozen dataclass sets each field through `object.__setattr__`, which took about twice
 as long there (benchmarks/history.md, section M). Nothing changes one after it is built

@@ -4,8 +4,8 @@ Each engine lists its requests as `Candidate`s (the runtime's `Scheduler` from i
 requests, the vLLM adapter from vLLM's running and waiting queues); `sched_state` turns them
 into the one `SchedState`, so a policy decides from the same facts on both. The `Planner`
 builds that state, asks the policy once, lets the thermal guard cap the background's share,
-bounds how long background decodes wait and, on a backend that cannot stop a step, how long
-a documents-only step runs (`StepLimit`). `planning.make_plan` then turns the `Decision`
+bounds how long background decodes wait and, on a backend that cannot stop an iteration, how
+long a documents-only iteration runs (`IterationLimit`). `planning.make_plan` then turns the `Decision`
 into the iteration's `Plan`, again the same on both.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from edgeprefill.runtime.core.budget import BackgroundCap, BudgetPolicy
-from edgeprefill.runtime.core.costs.steplimit import StepLimit
+from edgeprefill.runtime.core.costs.iteration_limit import IterationLimit
 from edgeprefill.runtime.core.plan import Decision, IterationTiming, SchedState
 from edgeprefill.runtime.core.request import CLASSES, RequestClass
 
@@ -122,11 +122,11 @@ class Planner:
         self,
         policy: BudgetPolicy,
         guard: BackgroundCap | None = None,
-        step_limit: StepLimit | None = None,  # on a backend that cannot stop a step
+        iteration_limit: IterationLimit | None = None,  # on a backend that cannot stop one
     ) -> None:
         self.policy = policy
         self.guard = guard
-        self.step_limit = step_limit
+        self.iteration_limit = iteration_limit
         self.last: IterationTiming | None = None  # the latest completed iteration
         self._deferred_run = 0  # decisions in a row that deferred background decodes
 
@@ -145,13 +145,13 @@ class Planner:
             self.guard.update()
             cap = self.guard.background_cap(decision.budget, n_batch)
             decision = replace(decision, background_cap=cap)
-        return self._limit_step(decision, state)
+        return self._limit_iteration(decision, state)
 
-    def _limit_step(self, decision: Decision, state: SchedState) -> Decision:
-        cap = self.step_limit.cap(state) if self.step_limit is not None else None
+    def _limit_iteration(self, decision: Decision, state: SchedState) -> Decision:
+        cap = self.iteration_limit.cap(state) if self.iteration_limit is not None else None
         if cap is None or (decision.background_cap is not None and decision.background_cap <= cap):
             return decision
-        reason = f"{decision.reason}; a step that cannot be stopped sized for a chat's wait"
+        reason = f"{decision.reason}; an iteration that cannot be stopped sized for a chat's wait"
         return replace(decision, background_cap=cap, reason=reason)
 
     @staticmethod

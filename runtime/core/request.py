@@ -15,7 +15,7 @@ CLASSES: tuple[RequestClass, ...] = ("foreground", "background")
 # device at hand, so the target follows the device: an absolute 1 s, tuned on a fast CPU,
 # was all or nothing on one half as fast (issue 23). Background requests have no target.
 # Workloads and callers may give an absolute target instead, or another multiple.
-# The one home of the default, for workloads, the API, the policies and the step limit.
+# The one home of the default, for workloads, the API, the policies and the iteration limit.
 FOREGROUND_SLOWDOWN = 3.0
 DEFAULT_TTFT_SLOWDOWN: dict[RequestClass, float | None] = {
     "foreground": FOREGROUND_SLOWDOWN,

@@ -169,7 +169,7 @@ class RunWriter(Closeable):
             "iterations": self.n_iterations,
             "accounting": accounting,
             "preemption": self._preemption(),
-            "step_wait": self._step_wait(recs),
+            "step_wait": self._iteration_wait(recs),
             **{c: class_summary([r for r in recs if r["class"] == c], duration_s) for c in CLASSES},
         }
 
@@ -187,10 +187,10 @@ class RunWriter(Closeable):
             "max_abort_latency_ms": max(latencies) * 1e3 if latencies else None,
         }
 
-    def _step_wait(self, records: list[dict[str, Any]]) -> dict[str, Any]:
-        """How long chats that arrived while a step was running waited for it to end: the
-        part of a first token no scheduling decision can shorten once the step started, so
-        what a backend that cannot stop a step (vLLM) must bound by the steps it plans."""
+    def _iteration_wait(self, records: list[dict[str, Any]]) -> dict[str, Any]:
+        """How long chats that arrived while an iteration was running waited for it to end: the
+        part of a first token no scheduling decision can shorten once the iteration started, so
+        what a backend that cannot stop an iteration (vLLM) must bound by the iterations it plans."""
         spans = self.spans
         starts = [s.t_start_s for s in spans]  # in order: iterations run one at a time
         waits = []

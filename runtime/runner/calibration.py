@@ -19,7 +19,7 @@ from edgeprefill.runtime.traffic.prompts import PromptBuilder
 
 
 def probe_device(backend: Backend | SchedulingBackend, seed: int = 0) -> DeviceProfile:
-    """Time decode steps alone, decodes beside prompt chunks of several sizes, chunks deep
+    """Time decode-only iterations, decodes beside prompt chunks of several sizes, chunks deep
     in a context and two decodes sharing a pass, then fit the cost model (about 5 s on a
     2-core CPU)."""
     if not isinstance(backend, Backend):
@@ -108,7 +108,7 @@ def _probe_self_scheduling(backend: SchedulingBackend, seed: int) -> DeviceProfi
     timings = backend.probe_timings(seed)
     alone = [t.duration_s for t in timings if t.n_decode == 1 and t.n_prefill == 0]
     if not alone or len(timings) < 6:
-        raise UserError("the vLLM startup probe saw too few steps; pass --calibration none")
+        raise UserError("the vLLM startup probe saw too few iterations; pass --calibration none")
     decode_s = float(np.median(alone))
     n_batch = backend.describe()["n_batch"]
     cost = CostModel.fit(timings)

@@ -1,12 +1,12 @@
 """A workload's expected work, estimated from its file alone (before any model loads), so
-the backend can choose its once-per-run settings for it (see `core.work`)."""
+the backend can choose its once-per-run settings for it (see `core.load`)."""
 
 from __future__ import annotations
 
 import math
 import statistics
 
-from edgeprefill.runtime.core.work import ExpectedWork, RequestShape
+from edgeprefill.runtime.core.load import ExpectedLoad, RequestShape
 from edgeprefill.runtime.traffic.workload import (
     AboutPrompt,
     DocumentsPrompt,
@@ -24,14 +24,14 @@ BYTES_PER_TOKEN = 4.0  # English text in the tokenizers of the models tried
 PIECE_FILL = 0.85
 
 
-def expected_work(workload: Workload) -> ExpectedWork:
+def expected_load(workload: Workload) -> ExpectedLoad:
     streams = workload.streams
     shapes = {n: _shape(s) for n, s in streams.items() if not isinstance(s.prompt, AboutPrompt)}
     for name, s in streams.items():
         if isinstance(s.prompt, AboutPrompt):  # the document, then the question
             document = shapes[s.prompt.stream].prompt_tokens
             shapes[name] = _shape(s, document + _mean(s.prompt.question))
-    return ExpectedWork(tuple(shapes[n] for n in streams))
+    return ExpectedLoad(tuple(shapes[n] for n in streams))
 
 
 def _mean(r: Range) -> float:

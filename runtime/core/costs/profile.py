@@ -1,5 +1,5 @@
 """What policies take their defaults from: a cost model of iterations on this device, the
-time of one decode step and the interactive target derived from it.
+time of one decode-only iteration and the interactive target derived from it.
 
 The papers' budgets were tuned for GPUs (16k/2k tokens, an 80 ms target); on a laptop CPU a
 512-token chunk beside a decode takes over a second. A `DeviceProfile` is measured on the
@@ -14,7 +14,7 @@ from typing import Any
 from edgeprefill.runtime.core.costs.costmodel import CostModel
 from edgeprefill.runtime.core.plan import IterationTiming
 
-# A chat reads comfortably at 10 tokens/s or faster; on a device whose decode step alone is
+# A chat reads comfortably at 10 tokens/s or faster; on a device whose decode-only iteration alone is
 # slower than a quarter of that, the target follows the device instead.
 READING_TARGET_S = 0.100
 TARGET_DECODE_MULTIPLE = 4.0
@@ -27,7 +27,7 @@ TYPICAL_DECODE_CTX = 512
 @dataclass(frozen=True)
 class DeviceProfile:
     cost: CostModel
-    decode_s: float  # one decode step alone
+    decode_s: float  # one decode-only iteration alone
     target_s: float  # interactive inter-token target derived from decode_s
     n_batch: int
     min_chunk: int
@@ -67,5 +67,5 @@ class DeviceProfile:
 
 
 def target_for(decode_s: float) -> float:
-    """A reading pace where the device allows it, else a multiple of its decode step."""
+    """A reading pace where the device allows it, else a multiple of its decode-only iteration."""
     return max(READING_TARGET_S, TARGET_DECODE_MULTIPLE * decode_s)

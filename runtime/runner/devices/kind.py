@@ -12,8 +12,8 @@ import click
 
 from edgeprefill.runtime.core.costs.profile import DeviceProfile
 from edgeprefill.runtime.core.errors import UserError
+from edgeprefill.runtime.core.load import ExpectedLoad
 from edgeprefill.runtime.core.registry import Registry
-from edgeprefill.runtime.core.work import ExpectedWork
 
 Options = dict[str, Any]  # the command's parsed options, by parameter name
 # What an open device yields: a factory of the backend each run uses, and the profile.
@@ -32,7 +32,7 @@ def option(decls: str, default: Any = None, help: str = "", **kwargs: Any) -> De
 class DeviceKind:
     name: str
     help: str  # one line for `--backend`'s help
-    open: Callable[[Options, ExpectedWork | None], AbstractContextManager[Opened]]
+    open: Callable[[Options, ExpectedLoad | None], AbstractContextManager[Opened]]
     title: str  # the heading of its option group
     options: tuple[Decorator, ...] = ()  # options only this backend reads
     ignores: dict[str, str] = field(
@@ -40,8 +40,8 @@ class DeviceKind:
     )  # shared options it has no use for, and why
     check: Callable[[Options], None] = field(default=lambda o: None)  # before any loading
 
-    def __call__(self, o: Options, work: ExpectedWork | None) -> AbstractContextManager[Opened]:
-        return self.open(o, work)
+    def __call__(self, o: Options, load: ExpectedLoad | None) -> AbstractContextManager[Opened]:
+        return self.open(o, load)
 
     @property
     def own(self) -> set[str]:
@@ -79,11 +79,11 @@ def check_options(o: Options, given: set[str], flag: Callable[[str], str]) -> De
     return kind
 
 
-def open_device(o: Options, work: ExpectedWork | None = None) -> AbstractContextManager[Opened]:
-    """The backend the options name, set up for the `work` the command will run, and the
+def open_device(o: Options, load: ExpectedLoad | None = None) -> AbstractContextManager[Opened]:
+    """The backend the options name, set up for the `load` the command will run, and the
     device profile policies default from."""
     kind = DEVICES.get(o["backend"])
-    return kind(o, work)
+    return kind(o, load)
 
 
 def device_profile(calibration: str, backend: Any) -> DeviceProfile | None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from edgeprefill.runtime.core.errors import UserError
-from edgeprefill.runtime.core.work import ExpectedWork
+from edgeprefill.runtime.core.load import ExpectedLoad
 from edgeprefill.runtime.runner.devices.kind import (
     DEVICES,
     DeviceKind,
@@ -42,7 +42,7 @@ class Size(click.ParamType[int]):
 
 
 @contextmanager
-def open_llamacpp(o: Options, work: ExpectedWork | None) -> Iterator[Opened]:
+def open_llamacpp(o: Options, load: ExpectedLoad | None) -> Iterator[Opened]:
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
@@ -73,7 +73,7 @@ def open_llamacpp(o: Options, work: ExpectedWork | None) -> Iterator[Opened]:
         flash_attn=o["flash_attn"],
         max_decode_group=o["max_decode_group"],
         refresh_probe=o["reprobe"],
-        expected_work=work,
+        expected_load=load,
         kv_cache=o["kv_cache"],
         kv_cache_dir=kv_dir,
         kv_cache_ram=o["kv_cache_ram"],

@@ -9,12 +9,12 @@ from pathlib import Path
 import click
 
 from edgeprefill.runtime.core.errors import UserError
-from edgeprefill.runtime.core.work import ExpectedWork
+from edgeprefill.runtime.core.load import ExpectedLoad
 from edgeprefill.runtime.runner.devices.kind import DEVICES, DeviceKind, Opened, Options, option
 
 
 @contextmanager
-def open_sim(o: Options, work: ExpectedWork | None) -> Iterator[Opened]:
+def open_sim(o: Options, load: ExpectedLoad | None) -> Iterator[Opened]:
     from edgeprefill.backends.sim import SimBackend
     from edgeprefill.runtime.core.contract import Capacity
     from edgeprefill.runtime.runner.calibration import load_profile, load_residuals

@@ -8,11 +8,11 @@ from contextlib import contextmanager
 import click
 
 import edgeprefill.runtime.runner.devices.kind as kind
-from edgeprefill.runtime.core.work import ExpectedWork
+from edgeprefill.runtime.core.load import ExpectedLoad
 
 
 @contextmanager
-def open_vllm(o: kind.Options, work: ExpectedWork | None) -> Iterator[kind.Opened]:
+def open_vllm(o: kind.Options, load: ExpectedLoad | None) -> Iterator[kind.Opened]:
     from edgeprefill.backends.vllm.backend import VllmBackend, VllmSettings
     from edgeprefill.backends.vllm.model_folder import default_model_folder
 
@@ -54,7 +54,7 @@ VLLM = kind.DEVICES.register("vllm")(
             kind.option(
                 "--enforce-eager/--no-enforce-eager",
                 False,
-                "skip torch.compile and CUDA graphs (starts in seconds, steps slower)",
+                "skip torch.compile and CUDA graphs (starts in seconds, iterations slower)",
             ),
             kind.option(
                 "--kv-cache-gib",

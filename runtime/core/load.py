@@ -24,7 +24,7 @@ class RequestShape:
 
 
 @dataclass(frozen=True)
-class ExpectedWork:
+class ExpectedLoad:
     shapes: tuple[RequestShape, ...]
 
     @property

@@ -9,16 +9,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from edgeprefill.backends.vllm.steps import TIMED_WORKERS, CompletedStep
+from edgeprefill.backends.vllm.iterations import TIMED_WORKERS, CompletedIteration
 from edgeprefill.runtime.core.iteration import Iteration
 
 
-class StepLog:
+class IterationLog:
     def __init__(self, path: Path | None) -> None:
         # Line-buffered: a line per step, whole even if the server is killed.
         self._file = None if path is None else Path(path).open("a", buffering=1)
 
-    def __call__(self, step: CompletedStep) -> None:
+    def __call__(self, step: CompletedIteration) -> None:
         if self._file is None:
             return
         r = step.record

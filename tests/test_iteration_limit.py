@@ -12,8 +12,12 @@ from pathlib import Path
 import pytest
 
 from edgeprefill.runtime.core.costs.costmodel import CostModel
+from edgeprefill.runtime.core.costs.iteration_limit import (
+    FIRST_PROMPT,
+    UNNOTICED_WAIT_S,
+    IterationLimit,
+)
 from edgeprefill.runtime.core.costs.profile import DeviceProfile
-from edgeprefill.runtime.core.costs.steplimit import FIRST_PROMPT, UNNOTICED_WAIT_S, StepLimit
 from edgeprefill.runtime.core.plan import SchedState
 from edgeprefill.runtime.core.planner import Candidate, Planner
 from edgeprefill.runtime.policies import parse_policy
@@ -43,7 +47,7 @@ def documents_only(pos: int = 1000, n_decode: int = 2) -> SchedState:
 
 
 def test_a_documents_only_step_is_predicted_within_the_wait_a_chats_allowance_leaves():
-    limit = StepLimit(profile(SLOW))
+    limit = IterationLimit(profile(SLOW))
     # Before any chat: priced at a FIRST_PROMPT-token prompt, 3x its time alone.
     assert limit.wait_s == pytest.approx(2 * profile(SLOW).prompt_alone_s(FIRST_PROMPT))
     state = documents_only()
@@ -58,21 +62,21 @@ def test_a_documents_only_step_is_predicted_within_the_wait_a_chats_allowance_le
 
 
 def test_the_allowance_follows_the_chats_prompts_and_documents_always_progress():
-    limit = StepLimit(profile(SLOW))
+    limit = IterationLimit(profile(SLOW))
     for n in (100, 400, 300):
         limit.saw_prompt(n)
     assert limit.wait_s == pytest.approx(2 * profile(SLOW).prompt_alone_s(300))  # the median
     # So many documents decoding that their rows alone fill the wait: the smallest chunk
     # still goes.
-    costly_rows = StepLimit(profile(CostModel(0.03, 1.0, 0.0064, 0.0)))
+    costly_rows = IterationLimit(profile(CostModel(0.03, 1.0, 0.0064, 0.0)))
     assert costly_rows.cap(documents_only(n_decode=16)) == 16
 
 
 def test_on_a_gpu_the_limit_changes_nothing_and_foreground_work_is_the_budgets_to_size():
-    limit = StepLimit(profile(GPU))
+    limit = IterationLimit(profile(GPU))
     assert limit.wait_s == UNNOTICED_WAIT_S  # a short prompt alone takes milliseconds
     assert limit.cap(documents_only()) >= 2048
-    slow = StepLimit(profile(SLOW))
+    slow = IterationLimit(profile(SLOW))
     chat_decoding = SchedState(**{**documents_only().__dict__, "n_decode_foreground": 1})
     chat_waiting = SchedState(**{**documents_only().__dict__, "foreground_prompt_left": 200})
     assert slow.cap(chat_decoding) is None and slow.cap(chat_waiting) is None
@@ -91,8 +95,8 @@ class HalfGuard:
 
 def test_the_planner_caps_documents_only_steps_and_keeps_a_smaller_cap():
     doc = Candidate("background", 1000, 5000, 0.0)
-    limit = StepLimit(profile(SLOW))
-    decision = Planner(parse_policy("unlimited"), step_limit=limit).decide([doc], 2048, 0.0)
+    limit = IterationLimit(profile(SLOW))
+    decision = Planner(parse_policy("unlimited"), iteration_limit=limit).decide([doc], 2048, 0.0)
     state = Planner(parse_policy("unlimited")).state([doc], 2048, 0.0)
     assert decision.background_cap == limit.cap(state) < 2048
     assert "cannot be stopped" in decision.reason

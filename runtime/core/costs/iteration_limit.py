@@ -1,13 +1,13 @@
-"""How long a step that cannot be stopped may run.
+"""How long an iteration that cannot be stopped may run.
 
 llama.cpp's backend stops a documents-only micro-batch when a chat arrives (preemption).
-vLLM has no abort inside a step, so a chat that arrives during one waits for all of it: on
-vLLM's CPU build on an AVX2-only EPYC a 2,048-token documents-only step took 13.9 s, and
-chats that arrived during it waited 9-11 s for their first token. Where a backend cannot
-stop a step, a step with no foreground work in it is sized so that its predicted time stays
-within the wait a chat's first-token allowance leaves: (slowdown - 1) times a chat's prompt
-alone on this device, and never under a wait nobody notices. On a GPU, where a 2,048-token
-step takes ~0.1 s, that changes nothing.
+vLLM has no abort inside an iteration (its step), so a chat that arrives during one waits
+for all of it: on vLLM's CPU build on an AVX2-only EPYC a 2,048-token documents-only
+iteration took 13.9 s, and chats that arrived during it waited 9-11 s for their first
+token. Where a backend cannot stop an iteration, one with no foreground work in it is sized
+so that its predicted time stays within the wait a chat's first-token allowance leaves:
+(slowdown - 1) times a chat's prompt alone on this device, and never under a wait nobody
+notices. On a GPU, where a 2,048-token iteration takes ~0.1 s, that changes nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ FIRST_PROMPT = 256
 RECENT = 64
 
 
-class StepLimit:
+class IterationLimit:
     def __init__(
         self,
         profile: DeviceProfile,
@@ -45,14 +45,14 @@ class StepLimit:
 
     @property
     def wait_s(self) -> float:
-        """The longest a chat that arrives during a step should wait for it."""
+        """The longest a chat that arrives during an iteration should wait for it."""
         typical = int(statistics.median(self._prompts)) if self._prompts else FIRST_PROMPT
         alone = self.profile.prompt_alone_s(typical)
         return max((self.slowdown - 1) * alone, self.min_wait_s)
 
     def cap(self, state: SchedState) -> int | None:
-        """The most background prompt tokens in a step with no foreground work in it (at
-        least the profile's smallest chunk, so documents progress); None where the step
+        """The most background prompt tokens in an iteration with no foreground work in it (at
+        least the profile's smallest chunk, so documents progress); None where the iteration
         holds foreground work, which the policy's budget sizes, or no prompt work."""
         if state.n_decode_foreground or state.foreground_prompt_left:
             return None

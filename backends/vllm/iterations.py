@@ -36,7 +36,7 @@ def prompt_left(num_tokens: int, num_output_tokens: int, num_computed: int) -> i
 
 
 @dataclass
-class StepRecord:
+class IterationRecord:
     """A scheduled step, until its timing arrives."""
 
     step: int  # the scheduler's count of steps that computed tokens, from 0
@@ -64,26 +64,26 @@ class StepRecord:
 
 
 @dataclass(frozen=True)
-class CompletedStep:
-    record: StepRecord
+class CompletedIteration:
+    record: IterationRecord
     timing: IterationTiming
     policy_state: dict[str, Any]
 
 
-class StepLedger:
+class IterationLedger:
     """Scheduled steps waiting for their timing. Under async scheduling (or CUDA events
     read once complete) a reading arrives a step or more after its step; it is matched by
     the step index both sides count, and its token count must agree."""
 
-    def __init__(self, next_step: int = 0) -> None:
-        self._pending: dict[int, StepRecord] = {}
-        self.next_step = next_step  # the worker's count goes on across runs on one engine
+    def __init__(self, next_iteration: int = 0) -> None:
+        self._pending: dict[int, IterationRecord] = {}
+        self.next_iteration = next_iteration  # the worker's count goes on across runs on one engine
 
-    def add(self, record: StepRecord) -> None:
+    def add(self, record: IterationRecord) -> None:
         self._pending[record.step] = record
-        self.next_step = record.step + 1
+        self.next_iteration = record.step + 1
 
-    def match(self, step: int, tokens: int) -> StepRecord:
+    def match(self, step: int, tokens: int) -> IterationRecord:
         record = self._pending.pop(step, None)
         if record is None:
             raise RuntimeError(
