@@ -79,7 +79,11 @@ results: setup
 	benchmarks/build_llamacpp_tools.sh $(BIN)/python
 	$(BIN)/python benchmarks/versus_server.py run --out results/versus --seeds $(SEEDS)
 	$(BIN)/python benchmarks/http_versus.py results/http --seeds $(SEEDS)
-	$(BIN)/python benchmarks/results_page.py results/versus --http results/http > RESULTS.md.new
+	$(BIN)/python benchmarks/versus_server.py run --out results/versus-t1 --seeds $(SEEDS) \
+		--threads 1 --only server-default,edgeprefill
+	$(BIN)/python benchmarks/http_versus.py results/http-t1 --seeds $(SEEDS) --threads 1
+	$(BIN)/python benchmarks/results_page.py results/versus --http results/http \
+		--threads1 results/versus-t1 --http-threads1 results/http-t1 > RESULTS.md.new
 	mv RESULTS.md.new RESULTS.md
 
 clean:

