@@ -12,7 +12,7 @@ WORKLOAD ?= workloads/assistant_plus_indexer.yaml
 POLICY ?= cadence
 RUN_ARGS ?=
 
-.PHONY: setup setup-vllm run test test-avx2 bench-versus results clean
+.PHONY: setup setup-vllm run test test-avx2 bench-versus results docs clean
 
 setup: $(STAMP)
 
@@ -85,6 +85,11 @@ results: setup
 	$(BIN)/python benchmarks/results_page.py results/versus --http results/http \
 		--threads1 results/versus-t1 --http-threads1 results/http-t1 > RESULTS.md.new
 	mv RESULTS.md.new RESULTS.md
+
+# docs/reference.md from the code: options, request fields, metrics (a test checks it).
+docs: setup
+	$(BIN)/python -m edgeprefill.runtime.cli.reference > docs/reference.md.new
+	mv docs/reference.md.new docs/reference.md
 
 clean:
 	rm -rf $(VENV) $(AVX2_VENV) results .pytest_cache

@@ -15,4 +15,5 @@ setup(
         for package in (layer, *(f"{layer}.{sub}" for sub in find_packages(layer)))
     ],
     package_dir={f"edgeprefill.{layer}": layer for layer in LAYERS},
+    package_data={"edgeprefill.runtime.server": ["page.html"]},
 )

@@ -21,14 +21,16 @@ import secrets
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from edgeprefill.runtime.api.chat_prompt import encode_chat
 from edgeprefill.runtime.api.handle import RequestHandle
 from edgeprefill.runtime.api.runtime import INDEX_INSTRUCTION, Runtime
+from edgeprefill.runtime.core.request import Request as EngineRequest
 from edgeprefill.runtime.core.threads import lowest_thread_priority
 from edgeprefill.runtime.server.admission import Admission, QueueLimits
 from edgeprefill.runtime.server.documents import Documents
@@ -39,6 +41,16 @@ from edgeprefill.runtime.server.responses import respond
 from edgeprefill.runtime.server.schema import ChatRequest, CompletionRequest, DocumentRequest
 
 T = TypeVar("T")
+
+PAGE = (resources.files(__package__) / "page.html").read_text(encoding="utf-8")
+# The page's script talks to this server alone, and no other site may frame it.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; "
+    "style-src 'unsafe-inline'; connect-src 'self'; frame-ancestors 'none'; "
+    "base-uri 'none'; form-action 'none'",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
 
 
 @dataclass(frozen=True)
@@ -58,12 +70,14 @@ class ServerOptions:
 def create_app(routes: Routes, options: ServerOptions) -> Guard:
     app = FastAPI(title="edgeprefill", docs_url=None, redoc_url=None)
     add_error_handlers(app)
+    app.get("/", response_class=HTMLResponse)(routes.page)
     app.get("/health")(routes.health)
     app.get("/v1/models")(routes.models)
     app.get("/metrics")(routes.prometheus)
     app.post("/v1/chat/completions")(routes.chat)
     app.post("/v1/completions")(routes.complete)
     app.post("/v1/documents", status_code=202)(routes.add_document)
+    app.get("/v1/documents")(routes.list_documents)
     app.get("/v1/documents/{doc_id}")(routes.get_document)
     app.delete("/v1/documents/{doc_id}")(routes.cancel_document)
     return Guard(
@@ -105,6 +119,12 @@ class Routes:
         if not self.runtime.accepting:
             return JSONResponse({"status": "stopping"}, 503)
         return {"status": "ok"}
+
+    async def page(self) -> HTMLResponse:
+        """A page to look at: a chat that streams, the documents being read, and the
+        scheduler live. It holds no data; its calls carry the key typed into it. Framed by
+        no other page, and its script may call this server alone."""
+        return HTMLResponse(PAGE, headers=PAGE_HEADERS)
 
     async def models(self) -> dict[str, Any]:
         card = {"id": self.model_id, "object": "model", "created": 0, "owned_by": "edgeprefill"}
@@ -164,13 +184,26 @@ class Routes:
         self.documents.add(handle)
         return {"id": handle.id, "object": "document", "status": "queued"}
 
+    async def list_documents(self) -> dict[str, Any]:
+        """The progress of every document kept, oldest first, without their ids: an id
+        reads the document's answer, which only whoever gave the document holds."""
+        data = [
+            {
+                "object": "document",
+                "status": _status(h.request),
+                "prompt_tokens_read": h.request.num_computed,
+                "prompt_tokens": h.request.prompt_len,
+            }
+            for h in self.documents.by_arrival()
+        ]
+        return {"object": "list", "data": data}
+
     async def get_document(self, doc_id: str) -> dict[str, Any]:
         req = self.documents.get(doc_id).request
-        status = "failed" if req.error else req.status.name.lower()
         return {
             "id": doc_id,
             "object": "document",
-            "status": status,
+            "status": _status(req),
             "prompt_tokens_read": req.num_computed,
             "prompt_tokens": req.prompt_len,
             "output": self.tokenizer.decode(req.output) if req.done else None,
@@ -190,3 +223,7 @@ class Routes:
             ) from None
         self.documents.drop(doc_id)
         return {"id": doc_id, "object": "document", "deleted": True}
+
+
+def _status(req: EngineRequest) -> str:
+    return "failed" if req.error else req.status.name.lower()

@@ -32,6 +32,9 @@ class Documents:
         self._by_id.move_to_end(doc_id)
         return handle
 
+    def by_arrival(self) -> list[RequestHandle]:
+        return sorted(self._by_id.values(), key=lambda h: h.request.arrival_s)
+
     def drop(self, doc_id: str) -> None:
         self._by_id.pop(doc_id, None)
 

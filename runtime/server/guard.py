@@ -26,7 +26,9 @@ Send = Callable[[Message], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
-OPEN_PATHS = frozenset({"/health"})  # answered without the key: a supervisor's probe
+# Answered without the key: a supervisor's probe, and the page (which holds no data; its
+# own calls carry the key typed into it).
+OPEN_PATHS = frozenset({"/health", "/"})
 
 
 class Guard:

@@ -38,13 +38,15 @@ TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]], Field(m
 
 
 class Strict(BaseModel):
-    """Finite numbers only: JSON's `1e400`, `Infinity` and `NaN` parse to inf and nan."""
+    """Finite numbers only: JSON's `1e400`, `Infinity` and `NaN` parse to inf and nan. A
+    field's docstring is its description (in /openapi.json and docs/reference.md)."""
 
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, use_attribute_docstrings=True)
 
 
 class StreamOptions(Strict):
     include_usage: bool = False
+    """A last chunk with the token counts."""
 
 
 class ContentPart(Strict):
@@ -72,26 +74,33 @@ class Message(Strict):
 
 class Generation(Strict):
     model: Name | None = None
+    """Any name: one model is served (`/v1/models` lists it as --served-model-name)."""
     stream: bool = False
+    """Server-sent events, a chunk per token."""
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    """Tokens to generate at most (256 when neither this nor max_completion_tokens is given)."""
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    """As max_tokens (OpenAI's newer name); wins when both are given."""
     temperature: float = Field(default=1.0, ge=0, le=2)
+    """0: greedy."""
     top_p: float = Field(default=1.0, gt=0, le=1)
-    # OpenAI's seed is a 64-bit integer; none given: a random one, so that two requests
-    # alike at temperature > 0 get different answers.
     seed: int | None = Field(default=None, ge=0, le=(1 << 63) - 1)
+    """OpenAI's 64-bit seed; none: a random one, so two requests alike differ."""
     stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOPS)] | None = None
-    n: int = Field(default=1, ge=1, le=1)  # one choice per request
-    # vLLM's field: lower runs first; here <= 0 is foreground (a chat), > 0 background.
+    """Text that ends the answer (not included)."""
+    n: int = Field(default=1, ge=1, le=1)
+    """One choice per request."""
     priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
-    # edgeprefill's extensions: the first token wanted this many ms after arrival, and a
-    # document given to /v1/documents that the request asks about (only the question is
-    # computed once the document has been read).
+    """vLLM's field, lower first: <= 0 a chat (foreground), > 0 background work."""
     ttft_target_ms: float | None = Field(default=None, gt=0, le=MAX_TTFT_TARGET_MS)
+    """The first token wanted within this many ms of arrival (a chat by default: within 3x
+    its prompt alone on this device)."""
     document_id: Name | None = None
-    # vLLM's and llama-server's extension: keep generating past end-of-text (benchmarks).
+    """A document given to /v1/documents that this asks about: only the question is
+    computed once the document has been read."""
     ignore_eos: bool = False
+    """Generate past end-of-text (vLLM's and llama-server's extension, for benchmarks)."""
 
     @property
     def limit(self) -> int:
@@ -118,10 +127,12 @@ class Generation(Strict):
 
 class ChatRequest(Generation):
     messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
+    """The conversation, rendered with the model's chat template."""
 
 
 class CompletionRequest(Generation):
     prompt: Text | TokenIds
+    """Text, or token ids as they are."""
 
     @model_validator(mode="after")
     def _not_empty(self) -> CompletionRequest:
@@ -131,11 +142,15 @@ class CompletionRequest(Generation):
 
 
 class DocumentRequest(Strict):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True)
     text: Text | None = None
+    """The document (this or tokens)."""
     tokens: TokenIds | None = None
+    """The document as token ids (this or text)."""
     instruction: Text | None = None
+    """What to answer about it (default: "Summarize the text above.")."""
     max_tokens: int = Field(default=64, ge=1, le=MAX_TOKENS)
+    """Tokens of the answer at most."""
 
     @model_validator(mode="after")
     def _one_source(self) -> DocumentRequest:
