@@ -74,7 +74,8 @@ class Message(Strict):
 
 class Generation(Strict):
     model: Name | None = None
-    """Any name: one model is served (`/v1/models` lists it as --served-model-name)."""
+    """The served model's id as `/v1/models` lists it (--served-model-name; by default the
+    model file's name without .gguf), or none; another name is a 404."""
     stream: bool = False
     """Server-sent events, a chunk per token."""
     stream_options: StreamOptions | None = None
