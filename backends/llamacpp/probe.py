@@ -1,5 +1,5 @@
 """The device probe: which batch shapes give bit-identical logits on this CPU, and which
-settings are fastest, measured with the loaded model (about 15-40 s on a 2-core CPU, once
+settings are fastest, measured with the loaded model (half a minute to several minutes on a 2-core CPU, once
 per CPU, llama.cpp build, model and thread count; `probe_cache` keeps the result).
 
 Exactness is checked against what a sequence computes alone: its logits, compared bit for

@@ -111,7 +111,7 @@ def probe(
             return cached
     log.info(
         "measuring this CPU's batch shapes once for this model and %d threads "
-        "(30-60 s on a 2-core CPU); the result is kept in %s",
+        "(half a minute to several on a 2-core CPU); the result is kept in %s",
         n_threads,
         file.parent,
     )

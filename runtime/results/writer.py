@@ -1,4 +1,4 @@
-"""Result files of a run (the contract in DESIGN.md).
+"""Result files of a run (the contract: docs/running.md, "What a run writes").
 
 requests.jsonl is appended as requests finish, so a crash or Ctrl-C never loses finished
 work; summary.json is written last, computed from exactly the request records written, so it
