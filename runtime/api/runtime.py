@@ -8,8 +8,8 @@ chats are foreground, documents background, and the policy decides each iteratio
 many prompt tokens ride along with the decodes.
 
 Only the engine thread touches the engine: `submit`, `cancel` and `shutdown` put commands
-on a queue that it drains between iterations, in the driver loop `run` replays workloads
-with (`api.commands`).
+on a queue that it drains between iterations (`api.commands`: the driver loop of `run`,
+fed by commands instead of a workload's arrival times).
 
 The engine thread cannot end quietly: an exception in it (a backend, a policy, the results
 writer) marks the runtime failed with the reason (`failure`), ends every request in flight
