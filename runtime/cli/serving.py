@@ -68,21 +68,18 @@ def _serve_group() -> Any:
     )
 
 
+def _queue_limit(flag: str, default: int | None, waiting: str) -> Decorator:
+    """A class's own queue bound (a backlog of documents never turns a chat away)."""
+    unset = " [default: no limit]" if default is None else ""
+    help = f"most {waiting} waiting for a sequence; past it 429 with Retry-After{unset}"
+    return option(flag, default, help, type=click.IntRange(0))
+
+
 def _limits_group() -> Any:
     return cloup.option_group(
         "Server limits",
-        option(
-            "--max-queue",
-            help="most chats waiting for a sequence; past it 429 with Retry-After "
-            "[default: no limit]",
-            type=click.IntRange(0),
-        ),
-        option(
-            "--max-document-queue",
-            256,
-            "most documents (and other background requests) waiting; past it 429",
-            type=click.IntRange(0),
-        ),
+        _queue_limit("--max-queue", None, "chats"),
+        _queue_limit("--max-document-queue", 256, "documents (and other background requests)"),
         option("--max-body-mb", 8.0, "largest request body", type=click.FloatRange(0, 4096)),
         option(
             "--max-connections",
