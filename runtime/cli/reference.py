@@ -70,7 +70,7 @@ def metric_table(metrics: list[MetricWrapperBase]) -> list[str]:
 def _described(metrics: list[MetricWrapperBase]) -> list[tuple[Any, tuple[str, ...]]]:
     """(family, label names) of each metric; a labelled one has no sample to read them
     from until it is used, so they come from the metric itself."""
-    return [(m.describe()[0], tuple(getattr(m, "_labelnames", ()))) for m in metrics]
+    return [(next(iter(m.describe())), tuple(getattr(m, "_labelnames", ()))) for m in metrics]
 
 
 def _type(prop: dict[str, Any]) -> str:
@@ -108,7 +108,7 @@ def page() -> str:
     from edgeprefill.runtime.server.metrics import ServerMetrics
     from edgeprefill.runtime.server.schema import ChatRequest, CompletionRequest, DocumentRequest
 
-    models = {
+    models: dict[str, type[BaseModel]] = {
         "`POST /v1/chat/completions`": ChatRequest,
         "`POST /v1/completions`": CompletionRequest,
         "`POST /v1/documents`": DocumentRequest,
