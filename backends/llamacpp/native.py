@@ -223,10 +223,10 @@ class LlamaContext(Native):
                 f"n_seq_max={n_seq_max}); try a smaller n_ctx"
             )
         self.memory = lc.llama_get_memory(self.ptr)
-        self._abort_flag: threading.Event | None = None  # what the abort callback reads
-        self._abort_cb = lc.ggml_abort_callback(
-            lambda _data: self._abort_flag is not None and self._abort_flag.is_set()
-        )
+        # What the abort callback reads at every graph node while armed (and only then).
+        self._abort_flag = threading.Event()
+        self._armed = False
+        self._abort_cb = lc.ggml_abort_callback(lambda _data: self._abort_flag.is_set())
         self.n_ctx = lc.llama_n_ctx(self.ptr)  # all sequences together
         self.n_ctx_seq = lc.llama_n_ctx_seq(self.ptr)
         self.n_vocab = lc.llama_vocab_n_tokens(model.vocab)
@@ -241,8 +241,10 @@ class LlamaContext(Native):
         the answer is the flag, read and nothing else (the callback holds the GIL for that
         moment, so it is armed only for iterations that may be aborted). An aborted
         `llama_decode` returns 2 and keeps the micro-batches that finished."""
-        _LOG.armed += (flag is not None) - (self._abort_flag is not None)
-        self._abort_flag = flag
+        _LOG.armed += (flag is not None) - self._armed
+        self._armed = flag is not None
+        if flag is not None:
+            self._abort_flag = flag
         callback = self._abort_cb if flag is not None else lc.ggml_abort_callback()
         lc.llama_set_abort_callback(self.ptr, callback, None)
 
