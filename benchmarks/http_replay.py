@@ -21,7 +21,8 @@ HTTP on the server's side and the client's, as a user's program sees them.
 from __future__ import annotations
 
 import argparse
-import http.client
+import bisect
+import itertools
 import json
 import shlex
 import socket
@@ -62,22 +63,23 @@ class Endpoint:
             **({"model": self.model} if self.model else {}),
         }
 
-    def lines(self, req: Request) -> Iterator[str]:
-        """The response's lines; fails `req` and yields nothing on a status other than 200."""
+    def lines(self, req: Request, clock: Any) -> Iterator[tuple[str, float]]:
+        """The response's lines, each with the replay's time it arrived; fails `req` and
+        yields nothing on a status other than 200."""
         with self.client.stream("POST", f"{self.url}/v1/completions", json=self.body(req)) as r:
             if r.status_code != 200:
                 req.fail(f"the server answered {r.status_code}: {r.read()[:200]!r}")
                 return
-            yield from r.iter_lines()
+            for line in r.iter_lines():
+                yield line, clock()
 
     def complete(self, req: Request, clock: Any) -> None:
         times: list[float] = []
         n_tokens = None
-        for line in self.lines(req):
+        for line, now in self.lines(req, clock):
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[len("data: ") :])
-            now = clock()
             if chunk.get("usage"):
                 n_tokens = chunk["usage"]["completion_tokens"]
             for choice in chunk.get("choices", []):
@@ -96,29 +98,66 @@ class Endpoint:
         req.num_computed = req.prompt_len
 
 
-class LightEndpoint(Endpoint):
-    """The same requests through the standard library's `http.client` on a plain socket, a
-    connection per request: a lighter client than httpx (its CPU a token is in the
-    accounts of `serve_account.py`), so that the client takes less of the cores the server
-    and llama.cpp share."""
+class RawEndpoint(Endpoint):
+    """The same requests on a plain socket, doing nothing a token but `recv` and a time
+    stamp: the HTTP framing and the JSON are read once the stream has ended. httpx spent
+    250-400 us of CPU a token, and the standard library's `http.client` 240-310 us, on the
+    cores the server and llama.cpp share (benchmarks/history.md, section C), and that CPU
+    runs exactly when the server writes; this client is what a server's own cost per
+    token is measured against."""
 
-    def lines(self, req: Request) -> Iterator[str]:
+    def lines(self, req: Request, clock: Any) -> Iterator[tuple[str, float]]:
         where = urlsplit(self.url)
-        conn = http.client.HTTPConnection(where.hostname or "", where.port, timeout=3600)
-        try:
-            body = json.dumps(self.body(req)).encode()
-            conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            if resp.status != 200:
-                req.fail(f"the server answered {resp.status}: {resp.read()[:200]!r}")
-                return
-            for raw in resp:
-                yield raw.decode().rstrip("\r\n")
-        finally:
-            conn.close()
+        body = json.dumps(self.body(req)).encode()
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: {where.netloc}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n"
+        )
+        received: list[tuple[float, bytes]] = []  # each recv's bytes and when they came
+        with socket.create_connection((where.hostname, where.port), timeout=3600) as sock:
+            sock.sendall(head.encode() + body)
+            while data := sock.recv(1 << 16):
+                received.append((clock(), data))
+        raw = b"".join(data for _, data in received)
+        ends = list(itertools.accumulate(len(data) for _, data in received))
+        start = raw.find(b"\r\n\r\n") + 4
+        status = raw.split(b" ", 2)[1] if raw.startswith(b"HTTP/") else b"none"
+        if status != b"200":
+            req.fail(f"the server answered {status.decode()}: {raw[start:][:200]!r}")
+            return
+        chunked = b"transfer-encoding: chunked" in raw[:start].lower()
+        for line, end in _lines(*_body(raw, start, chunked)):
+            yield line, received[bisect.bisect_left(ends, end)][0]
 
 
-CLIENTS = {"httpx": Endpoint, "light": LightEndpoint}
+def _body(raw: bytes, start: int, chunked: bool) -> tuple[bytes, list[tuple[int, int]]]:
+    """The body that begins at `raw[start]`, without its chunked framing, and where each of
+    its pieces begins: (offset in the body, offset in `raw`)."""
+    if not chunked:
+        return raw[start:], [(0, start)]
+    parts: list[bytes] = []
+    spans: list[tuple[int, int]] = []
+    pos, length = start, 0
+    while (eol := raw.find(b"\r\n", pos)) >= 0 and (size := int(raw[pos:eol].split(b";")[0], 16)):
+        spans.append((length, eol + 2))
+        parts.append(raw[eol + 2 : eol + 2 + size])
+        length += size
+        pos = eol + 2 + size + 2
+    return b"".join(parts), spans
+
+
+def _lines(body: bytes, spans: list[tuple[int, int]]) -> Iterator[tuple[str, int]]:
+    """Each line of `body` and the offset in the raw response just past its newline."""
+    starts = [b for b, _ in spans]
+    pos = 0
+    while (newline := body.find(b"\n", pos)) >= 0:
+        i = bisect.bisect_right(starts, newline) - 1
+        yield body[pos:newline].rstrip(b"\r").decode(), spans[i][1] + newline - starts[i] + 1
+        pos = newline + 1
+
+
+CLIENTS = {"httpx": Endpoint, "raw": RawEndpoint}
 
 
 class ServeProcess:

@@ -6,10 +6,10 @@ trace. The machine's steal time (a VM's lost cycles, /proc/stat) is read around 
 
     .venv/bin/python benchmarks/serve_account.py workloads/assistant_plus_indexer.yaml \
         --out results/serve-account [--seeds 0 1 2] [--rounds 1] [--threads 2] \
-        [--engine-args ""] [--other before=/tmp/before-ep] [--light]
+        [--engine-args ""] [--other before=/tmp/before-ep] [--raw]
 
-`--other` also serves another version of the code; `--light` also serves this one to
-`http_replay.py`'s lighter client (`http.client` instead of httpx).
+`--other` also serves another version of the code; `--raw` also serves this one to
+`http_replay.py`'s raw-socket client (a `recv` and a time stamp a chunk, instead of httpx).
 
 Threads are named by role, not by name (Python 3.11 gives its threads no OS name): the main
 thread is the server's event loop; the `--threads` busiest others are llama.cpp's compute
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from http_replay import Endpoint, LightEndpoint, ServeProcess, server_delivery
+from http_replay import Endpoint, RawEndpoint, ServeProcess, server_delivery
 from llama_server import replay, trace, write_results
 
 from edgeprefill.runtime.traffic.workload import load_workload
@@ -290,13 +290,13 @@ def main() -> None:
         help="also serve the edgeprefill package found at PATH (a PYTHONPATH), as NAME",
     )
     ap.add_argument(
-        "--light",
+        "--raw",
         action="store_true",
-        help="also serve this code to http_replay's lighter client (http.client), as light",
+        help="also serve this code to http_replay's raw-socket client, as raw",
     )
     args = ap.parse_args()
     modes = [("run", ""), ("serve", ""), *(tuple(o.split("=", 1)) for o in args.other)]
-    modes += [("light", "")] if args.light else []
+    modes += [("raw", "")] if args.raw else []
     results = []
     rounds = [(seed, r) for r in range(args.rounds) for seed in args.seeds]
     for i, (seed, r) in enumerate(rounds):
@@ -305,7 +305,7 @@ def main() -> None:
             out.mkdir(parents=True, exist_ok=True)
             os.environ["PYTHONPATH"] = path
             account = account_run if mode == "run" else account_serve
-            extra = {"client": LightEndpoint} if mode == "light" else {}
+            extra = {"client": RawEndpoint} if mode == "raw" else {}
             stolen = steal_s()
             res = account(args.workload, seed, args.threads, out, args.engine_args, **extra)
             res["steal_s"] = steal_s() - stolen
