@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeprefill.backends.bundled_model import default_model_path
-from edgeprefill.backends.llamacpp.native import LlamaModel
+from edgeprefill.backends.llamacpp.native import LlamaModel, cpu_has_amx
 from edgeprefill.backends.llamacpp.tokenizer import LlamaTokenizer
 from edgeprefill.runtime.analysis.metrics import class_summary, completed
 from edgeprefill.runtime.core.request import CLASSES, Request
@@ -187,6 +187,9 @@ def main() -> None:
     requests = trace(spec, args.seed, args.out)
     server_args = ["-t", str(args.threads), "-c", str(args.n_ctx * (args.slots or 4))]
     server_args += (["-np", str(args.slots)] if args.slots else []) + shlex.split(args.server_args)
+    # The same weights' layout as edgeprefill's: no AMX repacking, whose matmul faults (a
+    # segfault, or SIGILL at the first graph in a VM that lists AMX; see LlamaModel).
+    server_args += ["--no-repack"] if cpu_has_amx() and "--repack" not in server_args else []
     started = datetime.now(UTC)
     server = Server(args.tools, model_path, args.port, server_args, args.out / "server.log")
     try:

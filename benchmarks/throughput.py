@@ -27,6 +27,7 @@ from typing import Any
 
 from edgeprefill.backends.bundled_model import default_model_path
 from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
+from edgeprefill.backends.llamacpp.native import cpu_has_amx
 from edgeprefill.backends.llamacpp.probe import plain_tokens
 from edgeprefill.runtime.core.engine import Engine
 from edgeprefill.runtime.core.load import ExpectedLoad, RequestShape
@@ -60,6 +61,7 @@ def batched_bench(tools: Path, model: Path, threads: int) -> dict[str, dict[str,
             "--output-format",
             "jsonl",
         ]
+        common += ["--no-repack"] if cpu_has_amx() else []  # as edgeprefill loads the weights
         prefill = [
             _jsonl(
                 common + ["-c", str(PREFILL + 64), "-npp", str(PREFILL), "-ntg", "1", "-npl", "1"]
@@ -86,7 +88,7 @@ def _jsonl(cmd: list[str]) -> list[dict[str, Any]]:
 def edgeprefill_prefill(be: LlamaCppBackend) -> dict[str, float]:
     """Prompt tok/s of a PREFILL-token prompt in one iteration (median of
     PREFILL_REPEATS), wall clock around
-    `Engine.step` (plan, batch, decode, sample, bookkeeping)."""
+    `Engine.iterate` (plan, batch, decode, sample, bookkeeping)."""
     tokens = plain_tokens(be.model, PREFILL)
     rates = []
     for _ in range(PREFILL_REPEATS):
@@ -101,7 +103,7 @@ def edgeprefill_prefill(be: LlamaCppBackend) -> dict[str, float]:
 
 def edgeprefill_decode(be: LlamaCppBackend) -> dict[str, float]:
     """Decode tok/s of n sequences decoding together, wall clock around each decode-only
-    `Engine.step`."""
+    `Engine.iterate`."""
     tokens = plain_tokens(be.model, max(PARALLEL) * DECODE_CTX)
     out: dict[str, float] = {}
     for n in PARALLEL:
