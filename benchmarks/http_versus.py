@@ -67,8 +67,8 @@ def run_one(name: str, workload: Path, seed: int, out: Path, tools: Path, thread
     if name == SERVER:
         args = ["-t", str(threads), *LLAMA_SERVER_ARGS]
         server = Server(tools, default_model_path(), 18090, args, out / "server.log")
-        url, label = "http://127.0.0.1:18090", "llama-server " + " ".join(args)
-        backend: dict[str, Any] = {"name": SERVER, "args": args}
+        url, label = "http://127.0.0.1:18090", "llama-server " + " ".join(server.args)
+        backend: dict[str, Any] = {"name": SERVER, "args": server.args}
     else:
         args_text = f"--no-progress --threads {threads}"
         # Its own iterations.jsonl too (out/server), to see why a run was slow.

@@ -39,13 +39,21 @@ from edgeprefill.thermal.machine import describe_machine
 HOST = "127.0.0.1"
 
 
+def weights_layout(args: list[str]) -> list[str]:
+    """Options that make llama.cpp's tools load the weights as edgeprefill does: no AMX
+    repacking, whose matmul faults (a segfault, or SIGILL at the first graph in a VM that
+    lists AMX; see LlamaModel), unless `args` asks for it."""
+    return ["--no-repack"] if cpu_has_amx() and "--repack" not in args else []
+
+
 class Server:
     """llama-server on loopback, started and stopped with the replay."""
 
     def __init__(self, tools: Path, model: Path, port: int, args: list[str], log: Path) -> None:
         self.port = port
         self.cmd = [str(tools / "llama-server"), "-m", str(model), "--host", HOST]
-        self.cmd += ["--port", str(port), "--cache-ram", "0", *args]
+        self.args = [*args, *weights_layout(args)]
+        self.cmd += ["--port", str(port), "--cache-ram", "0", *self.args]
         self._log = log.open("w")
         self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
@@ -187,11 +195,9 @@ def main() -> None:
     requests = trace(spec, args.seed, args.out)
     server_args = ["-t", str(args.threads), "-c", str(args.n_ctx * (args.slots or 4))]
     server_args += (["-np", str(args.slots)] if args.slots else []) + shlex.split(args.server_args)
-    # The same weights' layout as edgeprefill's: no AMX repacking, whose matmul faults (a
-    # segfault, or SIGILL at the first graph in a VM that lists AMX; see LlamaModel).
-    server_args += ["--no-repack"] if cpu_has_amx() and "--repack" not in server_args else []
     started = datetime.now(UTC)
     server = Server(args.tools, model_path, args.port, server_args, args.out / "server.log")
+    server_args = server.args
     try:
         duration = replay(server, requests)
     finally:

@@ -25,9 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from llama_server import weights_layout
+
 from edgeprefill.backends.bundled_model import default_model_path
 from edgeprefill.backends.llamacpp import LlamaCppBackend, LlamaCppConfig
-from edgeprefill.backends.llamacpp.native import cpu_has_amx
 from edgeprefill.backends.llamacpp.probe import plain_tokens
 from edgeprefill.runtime.core.engine import Engine
 from edgeprefill.runtime.core.load import ExpectedLoad, RequestShape
@@ -61,7 +62,7 @@ def batched_bench(tools: Path, model: Path, threads: int) -> dict[str, dict[str,
             "--output-format",
             "jsonl",
         ]
-        common += ["--no-repack"] if cpu_has_amx() else []  # as edgeprefill loads the weights
+        common += weights_layout(common)
         prefill = [
             _jsonl(
                 common + ["-c", str(PREFILL + 64), "-npp", str(PREFILL), "-ntg", "1", "-npl", "1"]
