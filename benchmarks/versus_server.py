@@ -250,12 +250,15 @@ def ttft_vs_alone(s: dict[str, Any], alone: dict[str, Any] | None) -> str:
 
 
 def ratio_table(runs: dict[str, dict[str, Any]]) -> list[str]:
-    """Each edgeprefill configuration against each llama-server one, paired by seed."""
+    """Each edgeprefill configuration against each llama-server one, paired by seed; a
+    pair not run in any seed (`run --only`) has no row."""
     head = ["edgeprefill", "against", *[c[0] for c in COLUMNS]]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     seeds = list(runs)
     for ours in POLICIES:
         for theirs in SERVER:
+            if not any(runs[s][ours] and runs[s][theirs] for s in seeds):
+                continue
             cells = [ours, theirs]
             for _, cls, key, _, _ in COLUMNS:
                 a = [metric(runs[s][ours], cls, key) if runs[s][ours] else None for s in seeds]
