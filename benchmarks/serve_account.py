@@ -6,10 +6,11 @@ trace. The machine's steal time (a VM's lost cycles, /proc/stat) is read around 
 
     .venv/bin/python benchmarks/serve_account.py workloads/assistant_plus_indexer.yaml \
         --out results/serve-account [--seeds 0 1 2] [--rounds 1] [--threads 2] \
-        [--engine-args ""] [--other before=/tmp/before-ep] [--raw]
+        [--engine-args ""] [--other before=/tmp/before-ep] [--client raw]
 
-`--other` also serves another version of the code; `--raw` also serves this one to
-`http_replay.py`'s raw-socket client (a `recv` and a time stamp a chunk, instead of httpx).
+`--other` also serves another version of the code; `--client NAME` also serves this one to
+another of `http_replay.py`'s clients (`raw`: a socket and a thread a request, a `recv`
+and a time stamp a chunk; `one-thread`: the same reads, every request in one thread).
 
 Threads are named by role, not by name (Python 3.11 gives its threads no OS name): the main
 thread is the server's event loop; the `--threads` busiest others are llama.cpp's compute
@@ -32,8 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from http_replay import Endpoint, RawEndpoint, ServeProcess, server_delivery
-from llama_server import replay, trace, write_results
+from http_replay import CLIENTS, Endpoint, ServeProcess, server_delivery
+from llama_server import trace, write_results
 
 from edgeprefill.runtime.traffic.workload import load_workload
 
@@ -178,7 +179,7 @@ def account_serve(
     sampler = Sampler(server.proc.pid)
     before = resource.getrusage(resource.RUSAGE_SELF)
     try:
-        duration = replay(client(server.url), requests)  # type: ignore[arg-type]
+        duration = client(server.url).replay(requests)
         delivery = server_delivery(server.url)
         after = resource.getrusage(resource.RUSAGE_SELF)
         seen = sampler.stop()
@@ -204,6 +205,7 @@ def row(r: dict[str, Any]) -> list[str]:
     t, it = r["threads"], r["iterations"]
     loop = t.get("loop", {"cpu_s": 0.0, "waiting_s": 0.0})
     client = r.get("client", {}).get("us_per_token")
+    delivery = r.get("delivery") or {}
     shapes = "/".join(f"{v:.1f}" for v in it["decode_only_median_ms"].values())
     return [
         r["mode"],
@@ -224,6 +226,7 @@ def row(r: dict[str, Any]) -> list[str]:
         f"{loop['waiting_s']:.2f}",
         f"{t['other']['cpu_s']:.1f}",
         "-" if client is None else f"{client:.0f}",
+        "-" if not delivery else f"{delivery['p99_ms_at_most']:g} / {delivery['within_1ms']:.2%}",
         f"{r['steal_s']:.1f}",
     ]
 
@@ -247,6 +250,7 @@ HEAD = [
     "loop runnable s",
     "other CPU s",
     "client us/token",
+    "delivery P99 ms <= / within 1 ms",
     "steal s",
 ]
 
@@ -290,13 +294,15 @@ def main() -> None:
         help="also serve the edgeprefill package found at PATH (a PYTHONPATH), as NAME",
     )
     ap.add_argument(
-        "--raw",
-        action="store_true",
-        help="also serve this code to http_replay's raw-socket client, as raw",
+        "--client",
+        choices=sorted(set(CLIENTS) - {"httpx"}),
+        action="append",
+        default=[],
+        help="also serve this code to this one of http_replay's clients, named after it",
     )
     args = ap.parse_args()
     modes = [("run", ""), ("serve", ""), *(tuple(o.split("=", 1)) for o in args.other)]
-    modes += [("raw", "")] if args.raw else []
+    modes += [(name, "") for name in args.client]
     results = []
     rounds = [(seed, r) for r in range(args.rounds) for seed in args.seeds]
     for i, (seed, r) in enumerate(rounds):
@@ -305,7 +311,7 @@ def main() -> None:
             out.mkdir(parents=True, exist_ok=True)
             os.environ["PYTHONPATH"] = path
             account = account_run if mode == "run" else account_serve
-            extra = {"client": RawEndpoint} if mode == "raw" else {}
+            extra = {"client": CLIENTS[mode]} if mode in args.client else {}
             stolen = steal_s()
             res = account(args.workload, seed, args.threads, out, args.engine_args, **extra)
             res["steal_s"] = steal_s() - stolen
