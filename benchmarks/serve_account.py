@@ -226,7 +226,9 @@ def row(r: dict[str, Any]) -> list[str]:
         f"{loop['waiting_s']:.2f}",
         f"{t['other']['cpu_s']:.1f}",
         "-" if client is None else f"{client:.0f}",
-        "-" if not delivery else f"{delivery['p99_ms_at_most']:g} / {delivery['within_1ms']:.2%}",
+        "-"
+        if not delivery.get("within_1ms")
+        else f"{delivery['p99_ms_at_most']:g} / {delivery['within_1ms']:.2%}",
         f"{r['steal_s']:.1f}",
     ]
 
