@@ -30,15 +30,14 @@ def serving(
     gets it measured now."""
     from edgeprefill.runtime.server.app import ServerOptions
     from edgeprefill.runtime.server.guard import LOOPBACK_NAMES
-    from edgeprefill.runtime.server.serve import build
+    from edgeprefill.runtime.server.serve import build, uvicorn_config
 
     be = make_backend(n_ctx=4096, n_seq_max=n_seq_max, batching="fast")
     profile = "probe" if policy.startswith("cadence") else None
     options = ServerOptions(api_key=KEY, model_id="tiny", hosts=LOOPBACK_NAMES, **(server or {}))
     served = build(be, policy, profile=profile, options=options, **build_options)  # type: ignore[arg-type]
-    app, runtime = served.app, served.runtime
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-    srv = uvicorn.Server(config)
+    runtime = served.runtime
+    srv = uvicorn.Server(uvicorn_config(served, "127.0.0.1", 0))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -25,14 +25,14 @@ def document(i: int, finished: bool) -> RequestHandle:
 def test_finished_documents_past_the_bound_are_forgotten_least_recently_used_first():
     table = Documents(keep=2)
     reading = document(0, finished=False)
-    table.add(reading)
+    table.add(reading.id, reading)
     for i in (1, 2, 3):
-        table.add(document(i, finished=True))
+        table.add(f"doc-{i}", document(i, finished=True))
     assert len(table) == 3  # the one being read and the two newest finished
     with pytest.raises(ApiError):
         table.get("doc-1")
     table.get("doc-2")  # used: now the most recent
-    table.add(document(4, finished=True))
+    table.add("doc-4", document(4, finished=True))
     assert {h.id for h in (table.get("doc-0"), table.get("doc-2"), table.get("doc-4"))}
     with pytest.raises(ApiError):
         table.get("doc-3")

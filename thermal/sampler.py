@@ -8,6 +8,7 @@ time is measured, so its overhead is a reported number rather than a claim.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections import deque
@@ -65,7 +66,9 @@ class TelemetrySampler:
             except Exception as e:  # a driver that fails to open is unavailable, not fatal
                 self.status[s.name] = SensorStatus.unavailable(f"failed to open: {e}")
         if self._out is not None:
-            self._file = self._out.open("w", buffering=1)
+            # Private, as the run's other result files are, and never through a link.
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+            self._file = os.fdopen(os.open(self._out, flags, 0o600), "w", buffering=1)
 
     @property
     def live(self) -> list[Sensor]:

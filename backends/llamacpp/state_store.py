@@ -20,7 +20,6 @@ another user owns it) and its files too (0600, never opened through a symbolic l
 from __future__ import annotations
 
 import ctypes
-import errno
 import hashlib
 import json
 import logging
@@ -39,6 +38,7 @@ import numpy as np
 import psutil
 from filelock import FileLock
 
+from edgeprefill.runtime.core.private import private_folder
 from edgeprefill.runtime.core.resource import Closeable
 from edgeprefill.runtime.core.threads import lowest_thread_priority
 
@@ -130,7 +130,7 @@ class StateStore(Closeable):
         self._writer: threading.Thread | None = None
         if folder is not None and disk_bytes > 0:
             try:
-                _private_folder(folder)
+                private_folder(folder)
                 probe = folder / f".write-test-{os.getpid()}"
                 probe.write_bytes(b"")
                 probe.unlink()
@@ -494,12 +494,3 @@ def _payload(data: bytes, header: dict[str, Any] | None, tokens: np.ndarray) -> 
     if hashlib.sha256(payload.data).hexdigest() != header.get("payload_sha256"):
         return "is corrupted (checksum mismatch)"
     return payload
-
-
-def _private_folder(folder: Path) -> None:
-    """Make `folder` (and its missing parents) readable by this user alone; refuse one that
-    another user owns, who could read or replace the states in it."""
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if folder.stat().st_uid != os.getuid():
-        raise PermissionError(errno.EACCES, "owned by another user")
-    folder.chmod(0o700)

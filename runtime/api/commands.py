@@ -19,12 +19,13 @@ from edgeprefill.runtime.api.handover import Handover, HandoverRecord
 from edgeprefill.runtime.core.driver import Driver
 from edgeprefill.runtime.core.iteration import Advance, Iteration
 from edgeprefill.runtime.core.loop import DriverLoop, Recorder
-from edgeprefill.runtime.core.request import Request
+from edgeprefill.runtime.core.request import Request, RequestClass
 
 log = logging.getLogger(__name__)
 
 # ("add", (handle, the request whose prefix it waits for, or None)), ("cancel", request),
-# ("stop", why the requests in flight end now, or None to finish them)
+# ("stop", (why the requests in flight end now, or None to finish them; whether the
+# background ones are cancelled))
 Command = tuple[str, Any]
 
 
@@ -70,8 +71,11 @@ class CommandLoop(DriverLoop):
                     self.ended(arg)
             elif kind == "stop":
                 self.closed = True
-                if arg is not None:
-                    self.abort(arg)
+                everything, background = arg
+                if everything is not None:
+                    self.abort(everything)
+                elif background:
+                    self.cancel_class("background")
         self._release_held()  # a document cancelled or failed between iterations
 
     def advance(self) -> Advance | None:
@@ -118,6 +122,14 @@ class CommandLoop(DriverLoop):
                 _observe(self.on_end, req)
             if handle is not None:
                 handle._end()
+
+    def cancel_class(self, cls: RequestClass) -> None:
+        """Cancel every request of one class, held ones included (a server's documents at
+        shutdown, whose answers nobody could fetch once it has stopped)."""
+        for handle in list(self.handles.values()):
+            req = handle.request
+            if req.cls == cls and (self._unhold(req, "cancelled") or self.engine.cancel(req)):
+                self.ended(req)
 
     def abort(self, reason: str) -> None:
         """End every request in flight, held ones included, with `reason`."""

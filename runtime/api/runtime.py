@@ -78,7 +78,8 @@ class Runtime:
         self.backend = backend
         self.policy = parse_policy(policy) if isinstance(policy, str) else policy
         self._spec = policy if isinstance(policy, str) else self.policy.spec
-        self._writer = RunWriter(results) if results is not None else None
+        # A runtime restarted with the same folder keeps the earlier run's files.
+        self._writer = RunWriter(results, keep_earlier=True) if results is not None else None
         self._on_iteration, self._on_end = on_iteration, on_end
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         # Streamed tokens reach event loops once an iteration, between device calls.
@@ -252,14 +253,16 @@ class Runtime:
         self._commands.put(("cancel", req))
 
     # --- shutting down ------------------------------------------------------------------
-    def stop(self, *, cancel: bool = False) -> None:
-        """Stop accepting requests and, with `cancel`, end those in flight, without waiting
-        (a server's signal handler, which must not block its event loop); `shutdown`
-        waits."""
+    def stop(self, *, cancel: bool = False, cancel_background: bool = False) -> None:
+        """Stop accepting requests and, with `cancel`, end those in flight (with
+        `cancel_background`, the background ones), without waiting (a server's signal
+        handler, which must not block its event loop); `shutdown` waits. Called again, it
+        can still cancel what the first call let finish."""
         with self._lock:
-            if not self._closed:
-                self._closed = True
-                self._commands.put(("stop", "cancelled at shutdown" if cancel else None))
+            first, self._closed = not self._closed, True
+            if first or cancel or cancel_background:
+                reason = "cancelled at shutdown" if cancel else None
+                self._commands.put(("stop", (reason, cancel_background)))
 
     @property
     def accepting(self) -> bool:
@@ -291,7 +294,7 @@ class Runtime:
                 signum = s.signum
         if signum is not None:
             self._interrupted = True
-            self._commands.put(("stop", "interrupted"))
+            self._commands.put(("stop", ("interrupted", False)))
             self.engine.preempt()  # a document's prompt pass stops at its next graph node
             self._stopped.wait()
             signal.raise_signal(signum)

@@ -110,9 +110,7 @@ def serve(**o: Any) -> None:
             telemetry=options.telemetry,
             options=server_settings(o, name),
         )
-        signum = run_server(
-            served, o["host"], o["port"], o["cancel_on_shutdown"], o["max_connections"]
-        )
+        signum = run_server(served, o["host"], o["port"], o["cancel_on_shutdown"])
         failure = served.runtime.failure
     # Raised here, once the device is closed: its scratch KV folder is removed first.
     if signum is not None:

@@ -55,10 +55,30 @@ def _serve_group() -> Any:
             is_flag=True,
         ),
         option(
+            "--allowed-origin",
+            help="a web origin (scheme://host:port) whose pages may call the server, besides "
+            "its own page (repeatable); requests from other pages' origins are refused",
+            multiple=True,
+        ),
+        option(
             "--cancel-on-shutdown",
             False,
-            "at Ctrl-C or SIGTERM end the requests in flight at once, rather than finish them",
+            "at Ctrl-C or SIGTERM end the chats in flight at once, rather than finish them",
             is_flag=True,
+        ),
+        option(
+            "--finish-documents-on-shutdown",
+            False,
+            "at Ctrl-C or SIGTERM read the queued documents before exiting (their answers "
+            "go only to --results), rather than cancel them",
+            is_flag=True,
+        ),
+        option(
+            "--shutdown-timeout",
+            10.0,
+            "seconds the chats in flight have to finish at Ctrl-C or SIGTERM, after which "
+            "they end, whatever their clients do",
+            type=click.FloatRange(0, 3600),
         ),
         option(
             "--results",
@@ -84,8 +104,16 @@ def _limits_group() -> Any:
         option(
             "--max-connections",
             256,
-            "most connections open at once; past it 503",
+            "most requests answered at once; past it 503 (/health is always answered; idle "
+            "connections are not counted, and are closed after their deadline)",
             type=click.IntRange(1),
+        ),
+        option(
+            "--client-timeout",
+            30.0,
+            "seconds a client may take to send its body, or leave a stream unread, before "
+            "its connection is closed (headers: 10 s; idle between requests: 5 s)",
+            type=click.FloatRange(1, 3600),
         ),
         option(
             "--documents-kept",
@@ -100,6 +128,7 @@ def server_settings(o: dict[str, Any], model_id: str) -> Any:
     """The `ServerOptions` of the command line's options (which it removes from `o`)."""
     from edgeprefill.runtime.server.admission import QueueLimits
     from edgeprefill.runtime.server.app import ServerOptions
+    from edgeprefill.runtime.server.connections import Deadlines
     from edgeprefill.runtime.server.guard import LOOPBACK_NAMES
 
     extra = frozenset(h.lower() for h in o["allowed_host"])
@@ -114,6 +143,7 @@ def server_settings(o: dict[str, Any], model_id: str) -> Any:
                 o["host"],
                 API_KEY_ENV,
             )
+    client_s = o["client_timeout"]
     return ServerOptions(
         api_key=o["api_key"],
         model_id=model_id,
@@ -122,7 +152,24 @@ def server_settings(o: dict[str, Any], model_id: str) -> Any:
         hosts=hosts,
         documents_kept=o["documents_kept"],
         parse_special=o["parse_special"],
+        origins=frozenset(_origin(x) for x in o["allowed_origin"]),
+        max_requests=o["max_connections"],
+        deadlines=Deadlines(body_s=client_s, write_stall_s=client_s),
+        shutdown_timeout_s=o["shutdown_timeout"],
+        finish_documents=o["finish_documents_on_shutdown"],
     )
+
+
+def _origin(text: str) -> str:
+    """An origin as browsers send it: scheme://host[:port], lower case, no path."""
+    origin = text.strip().lower().rstrip("/")
+    scheme, sep, rest = origin.partition("://")
+    if scheme not in ("http", "https") or not sep or not rest or "/" in rest:
+        raise click.BadParameter(
+            f"{text!r} is not a web origin: give scheme://host[:port], e.g. http://localhost:3000",
+            param_hint="--allowed-origin",
+        )
+    return origin
 
 
 def _loopback(host: str) -> bool:

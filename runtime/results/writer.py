@@ -32,6 +32,7 @@ from edgeprefill.runtime.analysis.metrics import class_summary, completed
 from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.iteration import Iteration
+from edgeprefill.runtime.core.private import open_private, private_folder, set_aside
 from edgeprefill.runtime.core.request import CLASSES, Request
 from edgeprefill.runtime.core.resource import Closeable
 from edgeprefill.thermal.energy import IterationSpan
@@ -58,12 +59,21 @@ def run_meta(
     }
 
 
+RESULT_FILES = ("requests.jsonl", "iterations.jsonl", "summary.json", "telemetry.jsonl")
+
+
 class RunWriter(Closeable):
-    def __init__(self, out_dir: Path) -> None:
+    def __init__(self, out_dir: Path, keep_earlier: bool = False) -> None:
+        """Into `out_dir`, readable by this user alone (the requests' outputs are their
+        answers). `keep_earlier`: result files already there are renamed `NAME.1`, `.2`...
+        rather than overwritten (a server restarted with the same folder)."""
         try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            self._requests: IO[bytes] = (out_dir / "requests.jsonl").open("wb")
-            self._iterations: IO[bytes] = (out_dir / "iterations.jsonl").open("wb")
+            private_folder(out_dir)
+            if keep_earlier:
+                for name in RESULT_FILES:
+                    set_aside(out_dir / name)
+            self._requests: IO[bytes] = open_private(out_dir / "requests.jsonl")
+            self._iterations: IO[bytes] = open_private(out_dir / "iterations.jsonl")
         except OSError as e:
             raise UserError(f"cannot write results to {out_dir}: {e.strerror}") from None
         self.out_dir = out_dir
@@ -205,7 +215,8 @@ class RunWriter(Closeable):
         }
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        with open_private(self.out_dir / "summary.json") as f:
+            f.write(json.dumps(summary, indent=2).encode() + b"\n")
 
     def close(self) -> None:
         if not self._iterations.closed:

@@ -11,6 +11,7 @@ from typing import Any
 
 from edgeprefill.runtime.api.handle import RequestHandle
 from edgeprefill.runtime.api.runtime import Runtime
+from edgeprefill.runtime.core.contract import Tokenizer
 from edgeprefill.runtime.core.request import RequestClass
 from edgeprefill.runtime.server.errors import ApiError
 from edgeprefill.runtime.server.schema import ChatRequest, Generation
@@ -29,6 +30,7 @@ class Admission:
     def __init__(self, runtime: Runtime, model_id: str, limits: QueueLimits) -> None:
         self.runtime, self.model_id, self.limits = runtime, model_id, limits
         self._in_flight: list[RequestHandle] = []
+        self._piece_bytes = _longest_piece(runtime.backend.tokenizer)
 
     def check(self, body: Generation) -> None:
         """Before any work: the model is this one, and the class's queue has room."""
@@ -76,8 +78,22 @@ class Admission:
             body.cls,
         )
 
+    def check_text(self, n_chars: int, param: str) -> None:
+        """Refuse text that cannot fit a sequence's context before it is tokenized: a token
+        covers at most the vocabulary's longest piece, and a character at least one byte,
+        so text of more characters than the context times that piece has more tokens
+        than the context holds."""
+        n_ctx = self.runtime.backend.capacity.n_ctx_seq
+        if n_chars > n_ctx * self._piece_bytes:
+            raise ApiError(
+                400,
+                f"the text has {n_chars} characters, more than this server's context of "
+                f"{n_ctx} tokens can hold; split it",
+                param=param,
+            )
+
     def submit_document(
-        self, prompt: list[int], kept: int, max_tokens: int, doc_id: str, param: str
+        self, prompt: list[int], kept: int, max_tokens: int, param: str
     ) -> RequestHandle:
         """A document to read in the background, refused up front when it and its answer
         cannot fit one sequence's context (it would fail only once its turn came)."""
@@ -91,9 +107,7 @@ class Admission:
             )
         options: dict[str, Any] = {"cls": "background", "share_prefix": kept}
         return self._admit(
-            lambda: self.runtime.submit(
-                prompt, max_tokens=max_tokens, request_id=doc_id, **options
-            ),
+            lambda: self.runtime.submit(prompt, max_tokens=max_tokens, **options),
             "background",
         )
 
@@ -133,3 +147,9 @@ class Admission:
                 param=name,
             )
         return body.limit
+
+
+def _longest_piece(tokenizer: Tokenizer) -> int:
+    """Bytes of the vocabulary's longest token, read once as the server starts; at least
+    32, for the text of control tokens, which their pieces leave out."""
+    return max(32, max(len(tokenizer.piece(t)) for t in range(tokenizer.vocab_size)))

@@ -7,10 +7,12 @@ first) makes it foreground at <= 0 (the default: a chat) and background above; t
 extension `ttft_target_ms` sets an absolute first-token target, and `document_id` asks about
 a document given to /v1/documents (its kept state is restored: only the question is
 computed; asked while the document is still read, it waits for the read). `Guard` checks
-the Host header, the key and the body's size before any route runs.
+the Host header, the Origin, the key and the body's size before any route runs; bodies are
+parsed by `BodyParser`, a large one off the event loop.
 
-Text is tokenized on one worker thread, never on the event loop: a long document took the
-loop from every stream while it was tokenized.
+Text is tokenized on worker threads, never on the event loop (a long document took the loop
+from every stream while it was tokenized): chats on one, documents on another, so a chat's
+text never waits behind a document's.
 """
 
 from __future__ import annotations
@@ -31,8 +33,11 @@ from edgeprefill.runtime.api.chat_prompt import encode_chat
 from edgeprefill.runtime.api.handle import RequestHandle
 from edgeprefill.runtime.api.runtime import INDEX_INSTRUCTION, Runtime
 from edgeprefill.runtime.core.request import Request as EngineRequest
+from edgeprefill.runtime.core.request import RequestClass
 from edgeprefill.runtime.core.threads import lowest_thread_priority
 from edgeprefill.runtime.server.admission import Admission, QueueLimits
+from edgeprefill.runtime.server.body import BodyParser, request_body_schemas
+from edgeprefill.runtime.server.connections import Deadlines
 from edgeprefill.runtime.server.documents import Documents
 from edgeprefill.runtime.server.errors import ApiError, add_error_handlers
 from edgeprefill.runtime.server.guard import Guard
@@ -63,8 +68,20 @@ class ServerOptions:
     max_body_bytes: int = 8 << 20
     # Names the Host header may carry; None: any (bound beyond loopback).
     hosts: frozenset[str] | None = None
+    origins: frozenset[str] = frozenset()  # web origins besides the server's own
+    max_requests: int | None = 256  # answered at once; past it 503 (not /health)
+    deadlines: Deadlines = Deadlines()
+    shutdown_timeout_s: float = 10.0  # for answers in flight at SIGTERM, then they end
+    finish_documents: bool = False  # at shutdown, read the queued documents first
     documents_kept: int = 256  # finished documents answerable by id, the oldest dropped
     parse_special: bool = False  # chat text may carry the model's control tokens
+
+
+BODIES = {
+    "/v1/chat/completions": ChatRequest,
+    "/v1/completions": CompletionRequest,
+    "/v1/documents": DocumentRequest,
+}
 
 
 def create_app(routes: Routes, options: ServerOptions) -> Guard:
@@ -80,9 +97,33 @@ def create_app(routes: Routes, options: ServerOptions) -> Guard:
     app.get("/v1/documents")(routes.list_documents)
     app.get("/v1/documents/{doc_id}")(routes.get_document)
     app.delete("/v1/documents/{doc_id}")(routes.cancel_document)
+    _document_bodies(app)
     return Guard(
-        app, api_key=options.api_key, max_body_bytes=options.max_body_bytes, hosts=options.hosts
+        app,
+        api_key=options.api_key,
+        max_body_bytes=options.max_body_bytes,
+        hosts=options.hosts,
+        origins=options.origins,
+        max_requests=options.max_requests,
     )
+
+
+def _document_bodies(app: FastAPI) -> None:
+    """/openapi.json names each POST route's body, which the routes parse themselves."""
+    default = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema, parts = default(), request_body_schemas(BODIES)
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(
+                parts["components"]
+            )
+            for path, body in parts["bodies"].items():
+                schema["paths"][path]["post"]["requestBody"] = body
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 class Routes:
@@ -96,26 +137,40 @@ class Routes:
         self.tokenizer = runtime.backend.tokenizer
         # Lowest priority: a 100k-token document is ~0.4 s of a core, which the compute
         # threads beside it would lose (benchmarks/history.md, section E).
-        self._worker = ThreadPoolExecutor(
-            1, thread_name_prefix="edgeprefill-tokenize", initializer=lowest_thread_priority
-        )
+        self._workers = {
+            name: ThreadPoolExecutor(
+                1, thread_name_prefix=f"edgeprefill-{name}", initializer=lowest_thread_priority
+            )
+            for name in ("chats", "documents", "bodies")
+        }
+        n_ctx = runtime.backend.capacity.n_ctx_seq
+        self.bodies = BodyParser(n_ctx, self._workers["bodies"])
 
     def close(self) -> None:
-        self._worker.shutdown(wait=False, cancel_futures=True)
+        for worker in self._workers.values():
+            worker.shutdown(wait=False, cancel_futures=True)
 
-    async def _off_loop(self, work: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def _off_loop(
+        self, cls: RequestClass, work: Callable[..., T], *args: Any, **kwargs: Any
+    ) -> T:
+        """`work` on the class's tokenizing thread."""
         call = functools.partial(work, *args, **kwargs)
-        return await asyncio.get_running_loop().run_in_executor(self._worker, call)
+        worker = self._workers["chats" if cls == "foreground" else "documents"]
+        return await asyncio.get_running_loop().run_in_executor(worker, call)
 
     def _sent(self, stamp_s: float) -> None:
         self.metrics.delivery.observe(self.runtime.engine.clock.now() - stamp_s)
         self.runtime.handover.written()
 
-    async def health(self) -> Any:
-        """200 while requests are taken; 503 with the reason once the engine failed (the
-        process then exits for a supervisor to restart it) or while shutting down."""
+    async def health(self, request: Request) -> Any:
+        """200 while requests are taken; 503 once the engine failed (the process then exits
+        for a supervisor to restart it) or while shutting down. The failure's text, which
+        may name paths, goes to a request with the key alone (and to the log)."""
         if self.runtime.failure is not None:
-            return JSONResponse({"status": "failed", "error": self.runtime.failure}, 503)
+            body = {"status": "failed"}
+            if request.state.keyed:
+                body["error"] = self.runtime.failure
+            return JSONResponse(body, 503)
         if not self.runtime.accepting:
             return JSONResponse({"status": "stopping"}, 503)
         return {"status": "ok"}
@@ -133,22 +188,25 @@ class Routes:
     async def prometheus(self) -> Response:
         return Response(self.metrics.text(), media_type="text/plain; version=0.0.4")
 
-    async def chat(self, body: ChatRequest, request: Request) -> Any:
+    async def chat(self, request: Request) -> Any:
+        body = await self.bodies.parse(request, ChatRequest)
         self.admission.check(body)
         messages = [
             {"role": m.role if m.role != "developer" else "system", "content": m.text()}
             for m in body.messages
         ]
+        self.admission.check_text(sum(len(m["content"]) for m in messages), "messages")
         if body.document_id is not None:  # the conversation's words, after the document
             question = "\n\n".join(m["content"] for m in messages if m["content"])
             handle = await self._ask(body, question)
         else:
             special = self.options.parse_special
-            prompt = await self._off_loop(encode_chat, self.tokenizer, messages, special)
+            prompt = await self._off_loop(body.cls, encode_chat, self.tokenizer, messages, special)
             handle = self.admission.submit(body, prompt)
         return await respond(body, handle, "chat.completion", self.model_id, request, self._sent)
 
-    async def complete(self, body: CompletionRequest, request: Request) -> Any:
+    async def complete(self, request: Request) -> Any:
+        body = await self.bodies.parse(request, CompletionRequest)
         self.admission.check(body)
         if body.document_id is not None:
             if not isinstance(body.prompt, str):
@@ -157,8 +215,9 @@ class Routes:
                 )
             handle = await self._ask(body, body.prompt)
         elif isinstance(body.prompt, str):
+            self.admission.check_text(len(body.prompt), "prompt")
             prompt = await self._off_loop(
-                self.tokenizer.encode, body.prompt, add_bos=True, special=False
+                body.cls, self.tokenizer.encode, body.prompt, add_bos=True, special=False
             )
             handle = self.admission.submit(body, prompt)
         else:
@@ -169,20 +228,26 @@ class Routes:
         """A question about a document given to /v1/documents, as `Runtime.ask` asks it."""
         assert body.document_id is not None
         document = self.documents.get(body.document_id)
-        prompt = await self._off_loop(self.runtime.question_prompt, document, question)
+        prompt = await self._off_loop(body.cls, self.runtime.question_prompt, document, question)
         return self.admission.submit(body, prompt, after_prefix_of=document)
 
-    async def add_document(self, body: DocumentRequest) -> dict[str, Any]:
+    async def add_document(self, request: Request) -> dict[str, Any]:
+        body = await self.bodies.parse(request, DocumentRequest)
         self.admission.check_queue("background")  # before the work of tokenizing it
         document = body.text if body.text is not None else body.tokens
         assert document is not None
         instruction = INDEX_INSTRUCTION if body.instruction is None else body.instruction
-        prompt, kept = await self._off_loop(self.runtime.index_prompt, document, instruction)
         source = "text" if body.text is not None else "tokens"
-        doc_id = f"doc-{secrets.token_urlsafe(16)}"  # unguessable: it reads the answer
-        handle = self.admission.submit_document(prompt, kept, body.max_tokens, doc_id, source)
-        self.documents.add(handle)
-        return {"id": handle.id, "object": "document", "status": "queued"}
+        self.admission.check_text(len(body.text or "") + len(instruction), source)
+        prompt, kept = await self._off_loop(
+            "background", self.runtime.index_prompt, document, instruction
+        )
+        handle = self.admission.submit_document(prompt, kept, body.max_tokens, source)
+        # Unguessable, since it reads the answer; known to its client alone (the results
+        # name the request by the runtime's own id).
+        doc_id = f"doc-{secrets.token_urlsafe(16)}"
+        self.documents.add(doc_id, handle)
+        return {"id": doc_id, "object": "document", "status": "queued"}
 
     async def list_documents(self) -> dict[str, Any]:
         """The progress of every document kept, oldest first, without their ids: an id

@@ -21,8 +21,8 @@ class Documents:
     def __len__(self) -> int:
         return len(self._by_id)
 
-    def add(self, handle: RequestHandle) -> None:
-        self._by_id[handle.id] = handle
+    def add(self, doc_id: str, handle: RequestHandle) -> None:
+        self._by_id[doc_id] = handle
         self._prune()
 
     def get(self, doc_id: str) -> RequestHandle:

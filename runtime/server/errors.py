@@ -4,6 +4,7 @@ stopping), for our own refusals, FastAPI's validation errors and Starlette's rou
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -48,14 +49,16 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
-        errors = e.errors()
-        # Of a union's members, the one the value's type matched says what was wrong.
-        first = next((x for x in errors if not x["type"].endswith("_type")), errors[0])
-        where = ".".join(str(p) for p in first["loc"] if _is_field(p))
-        return JSONResponse(
-            error_body(f"{where}: {first['msg']}", "invalid_request_error", where or None),
-            status_code=400,
-        )
+        return await _api_error(_, validation_error(e.errors()))
+
+
+def validation_error(errors: Sequence[Any]) -> ApiError:
+    """A 400 naming the first field pydantic refused: of a union's members, the one the
+    value's type matched says what was wrong."""
+    first = next((x for x in errors if not x["type"].endswith("_type")), errors[0])
+    where = ".".join(str(p) for p in first["loc"] if _is_field(p))
+    message = f"{where}: {first['msg']}" if where else str(first["msg"])
+    return ApiError(400, message, param=where or None)
 
 
 def _is_field(part: str | int) -> bool:

@@ -27,14 +27,23 @@ MAX_TTFT_TARGET_MS = 3_600_000.0  # an hour
 MAX_ID_CHARS = 256  # model names, document ids
 MAX_PRIORITY = 1 << 31
 MAX_TOKEN_ID = (1 << 31) - 1  # ids past the vocabulary are refused by the runtime
+# Token ids in one prompt: a million, the longest context models have. The server's own
+# context binds first (`BodyParser` refuses a body with more values than it holds).
+MAX_PROMPT_IDS = 1 << 20
 
 
 # Strings of bounded length (pydantic also refuses lone surrogates, which the tokenizer
-# could not encode), token ids of a bounded size.
+# could not encode), token ids of a bounded size. Every list stops at its first bad item
+# (`fail_fast`): a list of a million bad ids is one error, not a million.
 Text = Annotated[str, Field(max_length=MAX_TEXT)]
 Name = Annotated[str, Field(max_length=MAX_ID_CHARS)]
-StopText = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
-TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]], Field(max_length=MAX_TEXT)]
+# An empty stop string would end every answer before its first token.
+StopText = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+Stops = Annotated[list[StopText], Field(max_length=MAX_STOPS, fail_fast=True)]
+TokenIds = Annotated[
+    list[Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]],
+    Field(max_length=MAX_PROMPT_IDS, fail_fast=True),
+]
 
 
 class Strict(BaseModel):
@@ -62,9 +71,12 @@ class ContentPart(Strict):
         return self
 
 
+Parts = Annotated[list[ContentPart], Field(max_length=MAX_PARTS, fail_fast=True)]
+
+
 class Message(Strict):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: Text | Annotated[list[ContentPart], Field(max_length=MAX_PARTS)] | None = None
+    content: Text | Parts | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):  # content parts: the text ones
@@ -88,7 +100,7 @@ class Generation(Strict):
     top_p: float = Field(default=1.0, gt=0, le=1)
     seed: int | None = Field(default=None, ge=0, le=(1 << 63) - 1)
     """OpenAI's 64-bit seed; none: a random one, so two requests alike differ."""
-    stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOPS)] | None = None
+    stop: StopText | Stops | None = None
     """Text that ends the answer (not included)."""
     n: int = Field(default=1, ge=1, le=1)
     """One choice per request."""
@@ -115,7 +127,7 @@ class Generation(Strict):
     def stops(self) -> list[str]:
         if self.stop is None:
             return []
-        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
     def sampling(self) -> SamplingParams:
         seed = secrets.randbits(63) if self.seed is None else self.seed
@@ -127,7 +139,7 @@ class Generation(Strict):
 
 
 class ChatRequest(Generation):
-    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
+    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES, fail_fast=True)
     """The conversation, rendered with the model's chat template."""
 
 

@@ -4,7 +4,9 @@ runtime."""
 from __future__ import annotations
 
 import logging
+import math
 import os
+import resource
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from edgeprefill.runtime.core.engine import Engine
 from edgeprefill.runtime.core.scheduler import BackgroundLimits
 from edgeprefill.runtime.replay.signals import on_stop_signals
 from edgeprefill.runtime.server.app import Routes, ServerOptions, create_app
+from edgeprefill.runtime.server.connections import deadline_protocol
 from edgeprefill.runtime.server.metrics import ServerMetrics
 from edgeprefill.thermal.sampler import TelemetrySampler
 from edgeprefill.thermal.telemetry import TelemetryConfig, default_sensors
@@ -110,28 +113,25 @@ def build(
     return Served(create_app(routes, options), rt, routes, sampler)
 
 
-def serve(
-    served: Served,
-    host: str,
-    port: int,
-    cancel_on_shutdown: bool = False,
-    max_connections: int | None = None,
-) -> int | None:
-    """Until Ctrl-C or SIGTERM: then no new request is taken (503), and those in flight
-    finish (or, with `cancel_on_shutdown`, end at once, marked "cancelled at shutdown")
-    before the process exits. Returns the signal that stopped it, for the caller to raise
-    once it has closed what it holds (a shell then sees 130 or 143, as for any program a
-    signal stopped): the runtime has written its results by then. If the engine fails, its requests have ended with the
-    reason: the server stops the same way, and the caller finds `runtime.failure` set.
-    Past `max_connections` open at once, uvicorn answers 503."""
+def serve(served: Served, host: str, port: int, cancel_on_shutdown: bool = False) -> int | None:
+    """Until Ctrl-C or SIGTERM: then no new request is taken (503); the chats in flight
+    finish (or, with `cancel_on_shutdown`, end at once, marked "cancelled at shutdown") for
+    up to the options' `shutdown_timeout_s`, after which uvicorn cancels them, whatever
+    their clients do (a half-sent body held the exit for as long as its client liked). The
+    documents still being read end at the signal, unless `finish_documents`. Returns the
+    signal that stopped it, for the caller to raise once it has closed what it holds (a
+    shell then sees 130 or 143, as for any program a signal stopped): the runtime has
+    written its results by then. If the engine fails, its requests have ended with the
+    reason: the server stops the same way, and the caller finds `runtime.failure` set."""
     import uvicorn
 
-    runtime = served.runtime
+    runtime, options = served.runtime, served.routes.options
     received: list[int] = []
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
-            runtime.stop(cancel=cancel_on_shutdown)  # queued: the event loop never blocks
+            # Queued: the event loop never blocks.
+            runtime.stop(cancel=cancel_on_shutdown, cancel_background=not options.finish_documents)
             super().handle_exit(sig, frame)
 
         @contextmanager
@@ -153,18 +153,39 @@ def serve(
                 self.should_exit = True
             return await super().on_tick(counter)
 
-    config = uvicorn.Config(
+    raise_open_files_limit()
+    server = Server(uvicorn_config(served, host, port))
+    log.info("serving on http://%s:%d/v1 (Ctrl-C stops)", host, port)
+    try:
+        server.run()  # returns once open responses have ended, or were cancelled
+    finally:
+        # Nobody can read an answer now: end what is left, documents too unless asked.
+        served.close(cancel=not options.finish_documents)
+    return received[0] if received else None
+
+
+def uvicorn_config(served: Served, host: str, port: int) -> Any:
+    """uvicorn's settings for the app: the connections' deadlines, the bounded shutdown."""
+    import uvicorn
+
+    options = served.routes.options
+    return uvicorn.Config(
         served.app,
         host=host,
         port=port,
         log_level="warning",
         lifespan="off",
-        limit_concurrency=max_connections,
+        http=deadline_protocol(options.deadlines),
+        timeout_keep_alive=math.ceil(options.deadlines.idle_s),
+        timeout_graceful_shutdown=math.ceil(options.shutdown_timeout_s),
     )
-    server = Server(config)
-    log.info("serving on http://%s:%d/v1 (Ctrl-C stops)", host, port)
-    try:
-        server.run()  # returns once open responses have ended
-    finally:
-        served.close(cancel=cancel_on_shutdown)
-    return received[0] if received else None
+
+
+def raise_open_files_limit() -> None:
+    """Raise the soft limit on open files to the hard one: every connection takes a file
+    descriptor until its deadline closes it, and a desktop's default soft limit (1,024)
+    would let a few idle clients use them all."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 16)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
