@@ -194,8 +194,13 @@ def test_idle_sockets_take_no_request_slot_and_are_closed_at_their_deadline(tmp_
 
 
 def test_a_half_sent_body_neither_holds_sigterm_nor_loses_the_results(tmp_path):
+    """SIGTERM with a body still coming and a document queued: the process exits within
+    its shutdown timeout, the document cancelled (nobody could fetch its answer), and the
+    results written."""
     with serve(tmp_path) as served:
         served.chat_answered()
+        doc = {"text": "Rivers run to the sea. " * 500, "max_tokens": 64}
+        assert served.client().post("/v1/documents", json=doc).status_code == 202
         head = (
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             + f"Authorization: Bearer {KEY}\r\n".encode()
@@ -212,7 +217,10 @@ def test_a_half_sent_body_neither_holds_sigterm_nor_loses_the_results(tmp_path):
             sock.close()
         assert served.proc.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM)
         summary = json.loads((served.results / "summary.json").read_text())
-        assert summary["accounting"]["submitted"] == 1 and summary["accounting"]["reconciled"]
+        assert summary["accounting"]["submitted"] == 2 and summary["accounting"]["reconciled"]
+        lines = (served.results / "requests.jsonl").read_text().splitlines()
+        errors = {r["class"]: r["error"] for r in map(json.loads, lines)}
+        assert errors == {"foreground": None, "background": "cancelled"}, errors
 
 
 def test_results_are_private_name_no_document_id_and_survive_a_restart(tmp_path):
@@ -269,4 +277,21 @@ def test_foreign_origins_empty_stops_and_untyped_bodies_are_refused(tmp_path):
             headers = {} if kind is None else {"Content-Type": kind}
             r = h.post("/v1/chat/completions", content=json.dumps(CHAT), headers=headers)
             assert r.status_code == 415, (kind, r.text)
+        served.chat_answered()
+
+
+def test_text_past_the_context_is_refused_before_it_is_tokenized(tmp_path):
+    """7 MB of text cannot fit 4,096 tokens: refused from its length, at once."""
+    with serve(tmp_path) as served:
+        h = served.client()
+        text = "Snow on the pass. " * 400_000
+        for path, body in [
+            ("/v1/documents", {"text": text}),
+            ("/v1/completions", {"prompt": text}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}),
+        ]:
+            started = time.monotonic()
+            r = h.post(path, json=body)
+            assert r.status_code == 400 and "split it" in r.json()["error"]["message"], r.text
+            assert time.monotonic() - started < 2.0, path
         served.chat_answered()
