@@ -32,7 +32,7 @@ from edgeprefill.backends.llamacpp.native import (
 from edgeprefill.backends.llamacpp.prefix_cache import LlamaPrefixCache
 from edgeprefill.backends.llamacpp.probe_cache import model_identity, probe
 from edgeprefill.backends.llamacpp.shapes import Batching, Overrides, choose_settings
-from edgeprefill.backends.llamacpp.state_store import StateStore
+from edgeprefill.backends.llamacpp.state_store import StateStore, default_kv_ram
 from edgeprefill.backends.llamacpp.swa_ring import SwaRing
 from edgeprefill.backends.llamacpp.tokenizer import LlamaTokenizer
 from edgeprefill.runtime.core.contract import (
@@ -83,7 +83,7 @@ class LlamaCppConfig:
     # folder) up to kv_cache_disk bytes. kv_cache False: every prompt is computed.
     kv_cache: bool = True
     kv_cache_dir: Path | None = None
-    kv_cache_ram: int = 1 << 30
+    kv_cache_ram: int | None = None  # None: a quarter of the memory available, at most 8 GiB
     kv_cache_disk: int = 4 << 30
     refresh_probe: bool = False  # measure again even when a cached result exists
 
@@ -110,7 +110,7 @@ class LlamaCppConfig:
             ),
             (self.n_threads >= 0, f"`n_threads` must not be negative, got {self.n_threads}"),
             (
-                min(self.kv_cache_ram, self.kv_cache_disk) >= 0,
+                min(self.kv_cache_ram or 0, self.kv_cache_disk) >= 0,
                 "`kv_cache_ram` and `kv_cache_disk` must not be negative",
             ),
         ]
@@ -232,7 +232,7 @@ class LlamaCppBackend(Backend):
         c = self.config
         store = StateStore(
             self._kv_identity(path),
-            ram_bytes=c.kv_cache_ram,
+            ram_bytes=default_kv_ram() if c.kv_cache_ram is None else c.kv_cache_ram,
             disk_bytes=c.kv_cache_disk,
             folder=c.kv_cache_dir or kv_cache_dir(),
         )
@@ -380,6 +380,17 @@ class LlamaCppBackend(Backend):
 
     def release(self, seq_id: int) -> None:
         self.ctx.seq_rm(seq_id)
+        self._forget(seq_id)
+
+    keeps_sequences = True
+
+    def reuse(self, seq_id: int, n_tokens: int) -> int:
+        """A kept sequence for a new request (see `Backend.reuse`). Its ring is no longer
+        known from position 0, so its micro-batches finish rather than stop mid-graph."""
+        self._forget(seq_id)
+        return self.ctx.seq_truncate(seq_id, n_tokens)
+
+    def _forget(self, seq_id: int) -> None:
         self.ring.released(seq_id)
         sampler = self._samplers.pop(seq_id, None)
         if sampler is not None:

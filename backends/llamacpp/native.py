@@ -279,6 +279,21 @@ class LlamaContext(Native):
         """The highest position held for `seq_id`, or -1 when it holds no cells."""
         return lc.llama_memory_seq_pos_max(self.memory, seq_id)
 
+    def seq_truncate(self, seq_id: int, n_tokens: int) -> int:
+        """Cut a sequence back to its first `n_tokens` positions. Returns `n_tokens` where
+        it then holds exactly them, 0 where it cannot (it is emptied): a sliding-window
+        layer keeps only the window's last cells, so the next position attends to cells
+        already overwritten unless the cut is near the sequence's end (the check
+        llama-server makes before it reuses a slot's cache)."""
+        self.seq_rm(seq_id, n_tokens)
+        n_swa = self.model.n_swa
+        # pos_min is the sliding-window cache's lowest position where there is one.
+        lost = n_swa and lc.llama_memory_seq_pos_min(self.memory, seq_id) > max(0, n_tokens - n_swa)
+        if n_tokens == 0 or lost or self.seq_pos_max(seq_id) != n_tokens - 1:
+            self.seq_rm(seq_id)
+            return 0
+        return n_tokens
+
     def seq_state_size(self, seq_id: int) -> int:
         """Bytes `seq_state_read` needs for the sequence's KV cells (every layer)."""
         return lc.llama_state_seq_get_size(self.ptr, seq_id)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from edgeprefill.backends.llamacpp.native import LlamaContext
@@ -38,8 +38,10 @@ class LlamaPrefixCache:
         self.store.put(tokens, buf[:n])
         self.save_s.append(time.perf_counter() - t0)
 
-    def restore(self, seq_id: int, prompt: Sequence[int]) -> int:
-        loaded = self.store.lookup(prompt)
+    def restore(
+        self, seq_id: int, prompt: Sequence[int], boundary: Callable[[int], int] = int
+    ) -> int:
+        loaded = self.store.lookup(prompt, boundary)
         if loaded is None:
             return 0
         n = self.ctx.seq_state_write(seq_id, loaded.payload)
@@ -47,7 +49,7 @@ class LlamaPrefixCache:
             self.ctx.seq_rm(seq_id)
             log.warning("KV cache: llama.cpp refused a saved state; computing the prompt instead")
             return 0
-        return loaded.n_tokens
+        return self.ctx.seq_truncate(seq_id, loaded.common)
 
     def clear(self) -> None:
         self.store.clear()

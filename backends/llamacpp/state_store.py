@@ -29,7 +29,7 @@ import struct
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ import numpy as np
 import psutil
 from filelock import FileLock
 
+from edgeprefill.runtime.core.parked import common_prefix
 from edgeprefill.runtime.core.private import private_folder
 from edgeprefill.runtime.core.resource import Closeable
 from edgeprefill.runtime.core.threads import lowest_thread_priority
@@ -72,6 +73,16 @@ def _return_freed_memory() -> None:
         _TRIM(0)
 
 
+# llama-server keeps up to 8 GiB of prompts in host memory by default (--cache-ram).
+MAX_DEFAULT_RAM = 8 << 30
+
+
+def default_kv_ram() -> int:
+    """Memory for saved states when none is given: a quarter of what is available now (a
+    laptop's assistant shares it with everything else the person runs), at most 8 GiB."""
+    return min(MAX_DEFAULT_RAM, psutil.virtual_memory().available // 4)
+
+
 def token_hash(tokens: Sequence[int]) -> str:
     return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).hexdigest()
 
@@ -92,6 +103,7 @@ class Loaded:
     n_tokens: int
     payload: np.ndarray
     source: str  # "memory" or "disk"
+    common: int  # of its first tokens, those the prompt begins with (at most n_tokens)
 
 
 @dataclass
@@ -185,23 +197,33 @@ class StateStore(Closeable):
             self._evict_ram()
 
     # --- restoring ------------------------------------------------------------------
-    def lookup(self, prompt: Sequence[int]) -> Loaded | None:
-        """The longest stored prefix of `prompt` shorter than it (the last prompt token is
-        always computed: its logits give the first output token), checked and ready."""
+    def lookup(
+        self, prompt: Sequence[int], boundary: Callable[[int], int] = int
+    ) -> Loaded | None:
+        """The stored state sharing the longest prefix with `prompt`, checked and ready:
+        one whose tokens all begin the prompt (found by their hash, whichever process saved
+        it), or, of those this process saved, the one sharing the most first tokens (a
+        conversation's earlier turn). `Loaded.common` says how many tokens to keep: the
+        shared ones cut down by `boundary` (a piece boundary), never the whole prompt (its
+        last token is always computed, for its logits); none at all gives None."""
         arr = np.asarray(prompt, dtype="<i4")
         self._index_new_files()
         with self._lock:
             lengths = sorted({e.n_tokens for e in self._entries.values()}, reverse=True)
+            known = list(self._tokens.items())
+        shared = [(boundary(min(common_prefix(t, arr), len(arr) - 1)), k) for k, t in known]
+        common, best = max(shared, default=(0, ""))
         for n in lengths:
-            if n >= len(arr):
+            if n >= len(arr) or boundary(n) <= common:
                 continue
             key = hashlib.sha256(arr[:n].tobytes()).hexdigest()
-            loaded = self._load(key, arr[:n])
+            loaded = self._load(key, arr[:n], boundary(n))
             if loaded is not None:
                 return loaded
-        return None
+        tokens = self._tokens.get(best)
+        return None if not common or tokens is None else self._load(best, tokens, common)
 
-    def _load(self, key: str, tokens: np.ndarray) -> Loaded | None:
+    def _load(self, key: str, tokens: np.ndarray, common: int) -> Loaded | None:
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
@@ -209,7 +231,7 @@ class StateStore(Closeable):
             self._entries.move_to_end(key)
             if entry.ram is not None:
                 self.stats.restored += 1
-                return Loaded(entry.n_tokens, entry.ram, "memory")
+                return Loaded(entry.n_tokens, entry.ram, "memory", common)
         payload = self._read(key, tokens)
         with self._lock:
             if payload is None:
@@ -222,7 +244,7 @@ class StateStore(Closeable):
                 entry.ram = payload
                 self._ram_used += entry.nbytes
                 self._evict_ram(keep=key)
-        return Loaded(entry.n_tokens, payload, "disk")
+        return Loaded(entry.n_tokens, payload, "disk", common)
 
     # --- memory budget --------------------------------------------------------------
     def _evict_ram(self, keep: str | None = None) -> None:

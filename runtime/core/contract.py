@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -164,10 +164,12 @@ class PrefixCache(Protocol):
         """Keep the state of `seq_id`, which holds exactly `tokens` (positions 0..n-1)."""
         ...
 
-    def restore(self, seq_id: int, prompt: Sequence[int]) -> int:
-        """Put the longest kept prefix of `prompt` (shorter than it) into the empty
-        sequence `seq_id`; the number of tokens restored (0: none, the sequence stays
-        empty)."""
+    def restore(
+        self, seq_id: int, prompt: Sequence[int], boundary: Callable[[int], int] = int
+    ) -> int:
+        """Put the kept state sharing the longest prefix with `prompt` (shorter than it)
+        into the empty sequence `seq_id`, cut back to `boundary(shared tokens)` (a piece
+        boundary); the number of tokens restored (0: none, the sequence stays empty)."""
         ...
 
     def clear(self) -> None:
@@ -211,6 +213,17 @@ class Backend(Closeable, ABC):
     @abstractmethod
     def release(self, seq_id: int) -> None:
         """Forget a finished or cancelled sequence: its KV cells and sampler state."""
+
+    # Whether a finished sequence's KV may stay in the context for a later prompt that
+    # starts with its tokens (`reuse`); False: every sequence is released when it ends.
+    keeps_sequences: bool = False
+
+    def reuse(self, seq_id: int, n_tokens: int) -> int:
+        """Start a new request on a kept sequence: cut it back to its first `n_tokens`
+        positions and forget its sampler. Returns the tokens it then holds exactly; 0 where
+        they cannot be (the sequence is emptied, and the prompt computed from its start)."""
+        self.release(seq_id)
+        return 0
 
     @abstractmethod
     def describe(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from edgeprefill.runtime.core.costs.profile import DeviceProfile
 from edgeprefill.runtime.core.costs.targets import FirstTokenTargets
 from edgeprefill.runtime.core.driver import RunClock
 from edgeprefill.runtime.core.iteration import Advance, Iteration
+from edgeprefill.runtime.core.parked import ParkedSequences
 from edgeprefill.runtime.core.plan import IterationTiming, Plan
 from edgeprefill.runtime.core.planner import Planner
 from edgeprefill.runtime.core.request import CLASSES, Request, Status
@@ -60,12 +61,16 @@ class Engine:
         policy.check_ready()
         self.planner = Planner(policy, guard)
         self.targets = FirstTokenTargets(profile)
+        cache = backend.prefix_cache
         self.scheduler = Scheduler(
             backend.capacity,
             is_eog=backend.tokenizer.is_eog,
             release=backend.release,
             limits=limits,
-            keeps_prefixes=backend.prefix_cache is not None,
+            keeps_prefixes=cache is not None,
+            parked=ParkedSequences(backend.reuse, backend.release, cache and cache.save)
+            if backend.keeps_sequences
+            else None,
         )
         self._device_done: float | None = None  # when the last device call returned
         # Set by `preempt` (any thread) when a foreground request arrives; an iteration
@@ -131,25 +136,31 @@ class Engine:
 
     # --- the parts of one iteration -----------------------------------------------------
     def _admit(self) -> float | None:
-        """Give waiting requests their sequences, each filled from the longest saved prefix
-        of its prompt (those tokens count as computed; the budget is spent on the rest).
-        Returns the time the restores took, which no host time includes."""
-        cache = self.backend.prefix_cache
-        spent = 0.0
-        for req in self.scheduler.admit():
-            if cache is None:
-                continue
+        """Give waiting requests their sequences, each continuing the parked sequence or the
+        saved prefix that shares the most of its prompt (those tokens count as computed;
+        the budget is spent on the rest). Returns the time the copies took (restores, and
+        parked sequences saved as they are evicted), which no host time includes."""
+        cache, scheduler = self.backend.prefix_cache, self.scheduler
+        parked = scheduler.parked
+        spilled = parked.stats.spilled if parked is not None else 0
+        copied = False
+        t0 = time.perf_counter()
+        for req in scheduler.admit():
             assert req.seq_id is not None
-            t0 = time.perf_counter()
-            n = cache.restore(req.seq_id, req.prompt)
-            took = time.perf_counter() - t0
-            spent += took
-            if n:
-                req.num_computed = req.prefix_reused_tokens = n
-                req.restore_s = took
+            if cache is not None and req.num_computed == 0:
+                t1 = time.perf_counter()
+                n = cache.restore(req.seq_id, req.prompt, scheduler.piece_floor)
+                if n:
+                    req.num_computed = req.prefix_reused_tokens = n
+                    req.restore_s = time.perf_counter() - t1
+            if req.num_computed:
                 self.targets.estimate(req)
-        if not spent:
+                copied = True
+        if parked is not None and parked.stats.spilled != spilled:
+            copied = True
+        if not copied:
             return None
+        spent = time.perf_counter() - t0
         self._leave_out_of_host_time(spent)
         return spent
 

@@ -69,7 +69,9 @@ class Request:
     token_times_s: list[float] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" (end-of-generation token) or "length"
     error: str | None = None
-    prefix_reused_tokens: int = 0  # prompt tokens restored from a saved prefix, not computed
+    # Prompt tokens not computed: continued from a kept sequence or restored from a saved
+    # prefix (`usage.prompt_tokens_details.cached_tokens`).
+    prefix_reused_tokens: int = 0
     restore_s: float | None = None  # how long restoring them took
     ttft_alone_s: float | None = None  # its prompt alone on this device (the engine's estimate)
     # len(prompt), kept: planning reads it several times an iteration, between two device
@@ -98,6 +100,13 @@ class Request:
     def decode_tokens_fed(self) -> int:
         """Output tokens fed back as decode inputs so far (all but the newest)."""
         return max(len(self.output) - 1, 0)
+
+    def held_tokens(self) -> list[int]:
+        """The tokens whose KV its sequence holds, in position order: the prompt computed
+        so far, then (once the prompt is done) every output token fed back."""
+        if self.num_computed < self.prompt_len:
+            return self.prompt[: self.num_computed]
+        return self.prompt + self.output[: self.decode_tokens_fed]
 
     def fail(self, reason: str) -> None:
         self.status = Status.FAILED

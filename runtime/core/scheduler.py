@@ -21,7 +21,10 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
 from edgeprefill.runtime.core.contract import Capacity, SeqWork
+from edgeprefill.runtime.core.parked import ParkedSequences
 from edgeprefill.runtime.core.plan import Decision, Plan
 from edgeprefill.runtime.core.planner import Candidate
 from edgeprefill.runtime.core.planning import PlanRow, make_plan
@@ -67,10 +70,12 @@ class Scheduler:
         release: Callable[[int], None],
         limits: BackgroundLimits | None = None,
         keeps_prefixes: bool = False,
+        parked: ParkedSequences | None = None,
     ) -> None:
         """`keeps_prefixes`: the backend saves prompt prefixes, so requests'
         `share_prefix` points are honoured: a chunk ends there so the state can be saved
-        (`saves_due`)."""
+        (`saves_due`). `parked`: where the sequences of requests that ended stay, for a
+        later prompt that starts with their tokens (None: released at once)."""
         if capacity.n_seq_max > capacity.n_batch:
             raise ValueError(
                 f"n_seq_max ({capacity.n_seq_max}) must not exceed n_batch "
@@ -83,6 +88,7 @@ class Scheduler:
         self._is_eog = is_eog
         self._release = release
         self._keeps_prefixes = keeps_prefixes
+        self.parked = parked
         self.waiting: dict[RequestClass, deque[Request]] = {c: deque() for c in CLASSES}
         self.running: list[Request] = []  # admission order
         # The running ones by request id and by sequence, kept with `running` (not rebuilt
@@ -195,9 +201,16 @@ class Scheduler:
         chunks before it and after a restore keep their measured shapes. None: not saved."""
         if not self._keeps_prefixes or req.share_prefix is None:
             return None
+        point = self.piece_floor(min(req.share_prefix, req.prompt_len - 1))
+        return point or None
+
+    def piece_floor(self, n: int) -> int:
+        """`n` cut down to a piece boundary (a multiple of `chunk_quantum`, no shorter than
+        `min_chunk`; 0 where none is), where a prompt may be split and its chunks before
+        and after keep the shapes the probe measured."""
         q = self.capacity.chunk_quantum
-        point = min(req.share_prefix, req.prompt_len - 1) // q * q
-        return point if point >= self.capacity.min_chunk else None
+        point = n // q * q
+        return point if point >= self.capacity.min_chunk else 0
 
     def _left(self, req: Request) -> int:
         """Prompt tokens the next chunk may take: up to the save point, if one is ahead."""
@@ -215,7 +228,7 @@ class Scheduler:
         ]
 
     def _can_admit(self, req: Request) -> bool:
-        if not self._free_seqs:
+        if not self._free_seqs and not self.parked:
             return False
         if req.cls == "foreground":
             return req.kv_cells <= self.kv_free
@@ -226,12 +239,34 @@ class Scheduler:
 
     def _admit(self, req: Request) -> None:
         self.waiting[req.cls].remove(req)
-        req.seq_id = heapq.heappop(self._free_seqs)
+        req.seq_id = self._sequence_for(req)
         req.status = Status.PREFILL
         self.kv_free -= req.kv_cells
+        while self.parked and self.kv_free < self.parked.cells:  # the parked give their cells
+            heapq.heappush(self._free_seqs, self._evict())
         self.running.append(req)
         self.by_id[req.id] = self._by_seq[req.seq_id] = req
         self._n_background += req.cls == "background"
+
+    def _sequence_for(self, req: Request) -> int:
+        """A parked sequence that holds a prefix of the request's prompt (the request then
+        starts past it, at a piece boundary: its last prompt token is always computed, for
+        its logits), else a free one, else the least recently used parked one, saved and
+        released (a prefix cache may then restore part of it)."""
+        parked, free = self.parked, self._free_seqs
+        if parked:
+            match = parked.match(np.asarray(req.prompt, dtype=np.int32))
+            usable = 0 if match is None else self.piece_floor(min(match[1], req.prompt_len - 1))
+            if match is not None and usable:
+                req.num_computed = req.prefix_reused_tokens = parked.take(match[0], usable)
+                return match[0]
+        return heapq.heappop(free) if free else self._evict()
+
+    def _evict(self) -> int:
+        assert self.parked is not None
+        seq_id = self.parked.evict()
+        assert seq_id is not None
+        return seq_id
 
     def work(self, plan: Plan) -> list[SeqWork]:
         """The plan as batch slices: token ids, positions, and where to sample."""
@@ -279,7 +314,7 @@ class Scheduler:
         failed = [r for r in self.running if r.id in ids]
         for r in failed:
             r.fail(reason)
-            self._retire(r)
+            self._retire(r, keep=False)  # what its cells hold is not known
         return failed
 
     def cancel(self, req: Request, reason: str = "cancelled") -> bool:
@@ -304,20 +339,25 @@ class Scheduler:
         failed = list(self.running) + [r for q in self.waiting.values() for r in q]
         for r in list(self.running):
             r.fail(reason)
-            self._retire(r)
+            self._retire(r, keep=False)
         for q in self.waiting.values():
             for r in q:
                 r.fail(reason)
             q.clear()
         return failed
 
-    def _retire(self, req: Request) -> None:
+    def _retire(self, req: Request, keep: bool = True) -> None:
+        """Free what a request held: its sequence stays parked, where sequences are, with
+        the KV it computed (`keep`), else is released."""
         self.running.remove(req)
         self._n_background -= req.cls == "background"
         assert req.seq_id is not None
         del self.by_id[req.id], self._by_seq[req.seq_id]
-        self._release(req.seq_id)
-        heapq.heappush(self._free_seqs, req.seq_id)
+        if keep and self.parked is not None:
+            self.parked.park(req.seq_id, req.held_tokens())
+        else:
+            self._release(req.seq_id)
+            heapq.heappush(self._free_seqs, req.seq_id)
         self.kv_free += req.kv_cells
 
 

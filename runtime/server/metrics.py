@@ -51,10 +51,14 @@ class ServerMetrics:
             registry=r,
         )
         self.kv_hits = Counter(
-            "edgeprefill_kv_restores", "prompts started from a saved prefix", registry=r
+            "edgeprefill_kv_restores",
+            "prompts that continued a parked sequence or a saved prefix",
+            registry=r,
         )
         self.kv_tokens = Counter(
-            "edgeprefill_kv_restored_tokens", "prompt tokens restored, not computed", registry=r
+            "edgeprefill_kv_restored_tokens",
+            "prompt tokens reused (as usage.prompt_tokens_details.cached_tokens), not computed",
+            registry=r,
         )
         self.tokens = Counter(
             "edgeprefill_output_tokens", "tokens generated, by class", ["cls"], registry=r
@@ -139,6 +143,22 @@ class ServerMetrics:
             "edgeprefill_kv_cells_reserved",
             "KV cells held for the requests admitted (prompt and answer), read at each scrape; "
             "0 once every request has ended",
+            registry=r,
+        )
+        self.kv_parked = Gauge(
+            "edgeprefill_kv_parked_sequences",
+            "sequences of ended requests left in the context for prompts that continue them",
+            registry=r,
+        )
+        self.kv_evicted = Gauge(
+            "edgeprefill_kv_parked_evictions",
+            "parked sequences given up for another request's sequence or cells (a running "
+            "total; each saved to the prefix cache's memory first where there is one)",
+            registry=r,
+        )
+        self.kv_saved_bytes = Gauge(
+            "edgeprefill_kv_saved_bytes",
+            "bytes of saved prefix states held in memory (--kv-cache-ram bounds them)",
             registry=r,
         )
 

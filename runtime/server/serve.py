@@ -94,8 +94,7 @@ def build(
         on_end=metrics.ended,
     )
     if isinstance(rt.engine, Engine):  # the runtime's own; vLLM keeps its own KV account
-        scheduler, n_ctx = rt.engine.scheduler, rt.engine.backend.capacity.n_ctx
-        metrics.kv_reserved.set_function(lambda: n_ctx - scheduler.kv_free)
+        _watch_kv(metrics, rt.engine)
     sampler = None
     if telemetry is not None:
         out = None if results is None else results / "telemetry.jsonl"
@@ -111,6 +110,18 @@ def build(
     options = options or ServerOptions()
     routes = Routes(rt, metrics, options)
     return Served(create_app(routes, options), rt, routes, sampler)
+
+
+def _watch_kv(metrics: ServerMetrics, engine: Engine) -> None:
+    """/metrics reads the engine's KV state at each scrape (plain numbers, read from the
+    event loop's thread while the engine thread changes them)."""
+    scheduler, n_ctx = engine.scheduler, engine.backend.capacity.n_ctx
+    metrics.kv_reserved.set_function(lambda: n_ctx - scheduler.kv_free)
+    if (parked := scheduler.parked) is not None:
+        metrics.kv_parked.set_function(lambda: len(parked))
+        metrics.kv_evicted.set_function(lambda: parked.stats.evicted)
+    if (cache := engine.backend.prefix_cache) is not None:
+        metrics.kv_saved_bytes.set_function(lambda: cache.describe().get("ram_bytes", 0))
 
 
 def serve(served: Served, host: str, port: int, cancel_on_shutdown: bool = False) -> int | None:

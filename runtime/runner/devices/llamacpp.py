@@ -23,16 +23,22 @@ from edgeprefill.runtime.runner.devices.kind import (
 )
 
 
-class Size(click.ParamType[int]):
-    """A size in bytes: 512MiB, 2GiB, 1.5G (binary units), or a plain number of bytes."""
+class Size(click.ParamType[int | None]):
+    """A size in bytes: 512MiB, 2GiB, 1.5G (binary units), or a plain number of bytes;
+    with `auto`, also "auto" (None: the backend chooses)."""
 
     name = "SIZE"
 
+    def __init__(self, auto: bool = False) -> None:
+        self.auto = auto
+
     def convert(
         self, value: object, param: click.Parameter | None, ctx: click.Context | None
-    ) -> int:
-        if isinstance(value, int):
+    ) -> int | None:
+        if isinstance(value, int) or value is None:
             return value
+        if self.auto and str(value).lower() == "auto":
+            return None
         import humanfriendly
 
         try:
@@ -140,9 +146,10 @@ LLAMACPP = DEVICES.register("llamacpp")(
             ),
             option(
                 "--kv-cache-ram",
-                "1GiB",
-                "memory for saved KV states (e.g. 512MiB, 2GiB)",
-                type=Size(),
+                "auto",
+                "memory for saved KV states (e.g. 512MiB, 2GiB; auto: a quarter of the memory "
+                "available at start, at most 8GiB)",
+                type=Size(auto=True),
             ),
             option(
                 "--kv-cache-disk",
