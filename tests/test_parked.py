@@ -18,6 +18,9 @@ class Device:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
 
+    def park(self, seq: int) -> None:
+        self.calls.append(("park", seq))
+
     def reuse(self, seq: int, n: int) -> int:
         self.calls.append(("reuse", seq, n))
         return n
@@ -31,7 +34,7 @@ class Device:
 
 def scheduler(device: Device, n_seq_max: int = 2, n_ctx: int = 1000, quantum: int = 1):
     cap = Capacity(256, n_ctx, n_seq_max, n_ctx, quantum, None, quantum)
-    parked = ParkedSequences(device.reuse, device.release, device.spill)
+    parked = ParkedSequences(device, device.spill)  # type: ignore[arg-type]
     return Scheduler(cap, lambda t: t == EOG, device.release, parked=parked)
 
 
@@ -51,6 +54,7 @@ def test_a_conversation_turn_continues_the_sequence_its_last_turn_left():
     first = request("t1", turn1)
     finish(sched, first)
     assert ("release", first.seq_id) not in device.calls  # parked, not freed
+    assert ("park", first.seq_id) in device.calls  # its sampler freed
     assert len(sched.parked) == 1 and sched.parked.cells == 40 + 2  # prompt + 2 fed tokens
     turn2 = turn1 + [7, 7, 7] + list(range(200, 220))  # the answer, then the new question
     second = request("t2", turn2)

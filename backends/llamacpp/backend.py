@@ -384,17 +384,20 @@ class LlamaCppBackend(Backend):
 
     keeps_sequences = True
 
+    def park(self, seq_id: int) -> None:
+        sampler = self._samplers.pop(seq_id, None)
+        if sampler is not None:
+            sampler.close()
+
     def reuse(self, seq_id: int, n_tokens: int) -> int:
-        """A kept sequence for a new request (see `Backend.reuse`). Its ring is no longer
+        """A parked sequence for a new request (see `Backend.reuse`). Its ring is no longer
         known from position 0, so its micro-batches finish rather than stop mid-graph."""
-        self._forget(seq_id)
+        self.ring.released(seq_id)
         return self.ctx.seq_truncate(seq_id, n_tokens)
 
     def _forget(self, seq_id: int) -> None:
         self.ring.released(seq_id)
-        sampler = self._samplers.pop(seq_id, None)
-        if sampler is not None:
-            sampler.close()
+        self.park(seq_id)
 
     def seq_pos_max(self, seq_id: int) -> int:
         """Highest KV position held by a sequence; -1 once it is released."""

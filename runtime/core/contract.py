@@ -218,6 +218,10 @@ class Backend(Closeable, ABC):
     # starts with its tokens (`reuse`); False: every sequence is released when it ends.
     keeps_sequences: bool = False
 
+    def park(self, seq_id: int) -> None:
+        """A sequence's request ended and its KV stays for a later prompt: free what was
+        the request's own (its sampler)."""
+
     def reuse(self, seq_id: int, n_tokens: int) -> int:
         """Start a new request on a kept sequence: cut it back to its first `n_tokens`
         positions and forget its sampler. Returns the tokens it then holds exactly; 0 where

@@ -68,10 +68,13 @@ class Engine:
             release=backend.release,
             limits=limits,
             keeps_prefixes=cache is not None,
-            parked=ParkedSequences(backend.reuse, backend.release, cache and cache.save)
+            parked=ParkedSequences(backend, cache and cache.save)
             if backend.keeps_sequences
             else None,
         )
+        if backend.keeps_sequences:  # an earlier engine over this backend may have parked some
+            for seq_id in range(backend.capacity.n_seq_max):
+                backend.release(seq_id)
         self._device_done: float | None = None  # when the last device call returned
         # Set by `preempt` (any thread) when a foreground request arrives; an iteration
         # holding only background prompt work stops soon after (on a backend that can).

@@ -17,8 +17,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from edgeprefill.runtime.core.contract import Backend
 
 # A parked sequence is taken for a new prompt when they share at least this share of its
 # tokens (llama-server's --slot-prompt-similarity default).
@@ -42,14 +46,12 @@ class ParkedStats:
 class ParkedSequences:
     def __init__(
         self,
-        reuse: Callable[[int, int], int],
-        release: Callable[[int], None],
+        backend: Backend,
         spill: Callable[[int, Sequence[int]], None] | None = None,
     ) -> None:
-        """`reuse(seq, n)`: cut the sequence back to its first n tokens; returns the tokens
-        it still holds exactly (0: it could not, and holds none). `release(seq)`: forget it.
-        `spill(seq, tokens)`: save its state elsewhere before it is released."""
-        self._reuse, self._release, self._spill = reuse, release, spill
+        """The backend parks, reuses and releases the sequences (`Backend.park`, `reuse`,
+        `release`); `spill(seq, tokens)` saves one's state elsewhere before its release."""
+        self._backend, self._spill = backend, spill
         self._by_seq: OrderedDict[int, ParkedSeq] = OrderedDict()  # least recently used first
         self.cells = 0  # KV cells the parked sequences hold
         self.stats = ParkedStats()
@@ -58,6 +60,7 @@ class ParkedSequences:
         return len(self._by_seq)
 
     def park(self, seq_id: int, tokens: Sequence[int]) -> None:
+        self._backend.park(seq_id)
         parked = ParkedSeq(seq_id, np.asarray(tokens, dtype=np.int32))
         self._by_seq[seq_id] = parked
         self.cells += len(parked.tokens)
@@ -78,7 +81,7 @@ class ParkedSequences:
         holds for the request (0: none, it starts empty)."""
         parked = self._by_seq.pop(seq_id)
         self.cells -= len(parked.tokens)
-        held = self._reuse(seq_id, n_tokens)
+        held = self._backend.reuse(seq_id, n_tokens)
         if held:
             self.stats.hits += 1
             self.stats.reused_tokens += held
@@ -94,7 +97,7 @@ class ParkedSequences:
         if self._spill is not None and len(parked.tokens):
             self._spill(seq_id, parked.tokens.tolist())
             self.stats.spilled += 1
-        self._release(seq_id)
+        self._backend.release(seq_id)
         self.stats.evicted += 1
         return seq_id
 
