@@ -12,6 +12,9 @@ import math
 from pathlib import Path
 
 FIELDS = ("timestamp_s", "prompt_tokens", "output_tokens")
+# Tokens of one prompt or answer at most: past any model's context (a trace asking for 10^12
+# tokens made the prompt builder try to allocate terabytes).
+MAX_TOKENS = 1 << 20
 
 
 def read_text(path: Path, what: str) -> str:
@@ -55,12 +58,15 @@ def read_trace(path: Path) -> list[dict[str, float]]:
                 continue
             try:
                 number = float(value)  # type: ignore[arg-type]  # None: TypeError, reported
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):  # an integer past any float
                 raise ValueError(
                     f"{path} line {i}: {key} must be a number, got {value!r}"
                 ) from None
-            if not math.isfinite(number) or number < 0 or (key != "timestamp_s" and number < 1):
+            tokens = key != "timestamp_s"
+            if not math.isfinite(number) or number < 0 or (tokens and number < 1):
                 raise ValueError(f"{path} line {i}: {key} out of range: {value!r}")
+            if tokens and number > MAX_TOKENS:
+                raise ValueError(f"{path} line {i}: {key} {value!r} is over {MAX_TOKENS:,}")
             row[key] = number
         if rows and row["timestamp_s"] < rows[-1]["timestamp_s"]:
             raise ValueError(

@@ -22,6 +22,7 @@ from pydantic import (
 
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.request import DEFAULT_TTFT_SLOWDOWN
+from edgeprefill.runtime.traffic.trace_file import MAX_TOKENS
 
 
 class _Strict(BaseModel):
@@ -32,8 +33,8 @@ class Range(_Strict):
     """An inclusive range of token counts, drawn uniformly per request; a bare integer
     `N` means exactly N."""
 
-    min: int = Field(ge=1)
-    max: int = Field(ge=1)
+    min: int = Field(ge=1, le=MAX_TOKENS)
+    max: int = Field(ge=1, le=MAX_TOKENS)
 
     @model_validator(mode="before")
     @classmethod
