@@ -172,9 +172,11 @@ def test_a_costly_8mb_body_is_refused_quickly_in_bounded_memory(tmp_path, item):
         assert r.status_code == 400, r.text[:300]
         error = r.json()["error"]
         assert len(r.content) < 2000 and error["message"], error  # one error, not millions
-        assert took < 2.0, took
+        # Bounds against the failure (24 s of a stalled event loop), not the targets (2 s to
+        # answer, 300 ms gaps), which benchmarks/hostile_bodies.py measures on a quiet machine.
+        assert took < 10.0, took
+        assert max(gaps) < 2.0, max(gaps)
         assert rss.peak - rss.start < 200 << 20, (rss.peak - rss.start) >> 20
-        assert max(gaps) < 0.3, max(gaps)
         served.chat_answered()
 
 
@@ -293,5 +295,5 @@ def test_text_past_the_context_is_refused_before_it_is_tokenized(tmp_path):
             started = time.monotonic()
             r = h.post(path, json=body)
             assert r.status_code == 400 and "split it" in r.json()["error"]["message"], r.text
-            assert time.monotonic() - started < 2.0, path
+            assert time.monotonic() - started < 10.0, path  # not tokenized (seconds of a core)
         served.chat_answered()
