@@ -196,18 +196,24 @@ def _span(values: list[float]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--tools", type=Path, required=True, help="folder holding llama-server")
+    p.add_argument("--tools", type=Path, help="folder holding llama-server")
+    p.add_argument(
+        "--servers", default="edgeprefill,llama-server", help="which, comma-separated, in order"
+    )
     p.add_argument("--out", type=Path, default=Path("results/conversation"))
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--only", choices=["alone", "documents"], help="one scenario")
     args = p.parse_args()
+    servers = args.servers.split(",")
+    if "llama-server" in servers and args.tools is None:
+        p.error("--tools FOLDER is needed for llama-server (benchmarks/build_llamacpp_tools.sh)")
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     scenarios = [s == "documents" for s in ("alone", "documents") if args.only in (None, s)]
     for r in range(args.rounds):
         for documents in scenarios:
-            for server in ("edgeprefill", "llama-server"):
+            for server in servers:
                 name = f"{server}-{'docs' if documents else 'alone'}-{r}.json"
                 path = args.out / name
                 if path.exists():

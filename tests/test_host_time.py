@@ -30,7 +30,7 @@ class SlowSaves:
         self.clock.sleep(SAVE_S)
         self.saved.append(len(tokens))
 
-    def restore(self, seq_id: int, prompt: Sequence[int]) -> int:
+    def restore(self, seq_id: int, prompt: Sequence[int], boundary: Any = int) -> int:
         return 0
 
     def clear(self) -> None:

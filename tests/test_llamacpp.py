@@ -124,7 +124,7 @@ def test_kv_cells_are_released_after_more_requests_than_sequences(make_backend):
         for seq in range(2):  # cells are held by running sequences that computed some, or
             held = be.seq_pos_max(seq) >= 0  # by parked ones, for a prompt that continues them
             computed = [r for r in engine.scheduler.running if r.seq_id == seq and r.num_computed]
-            assert held == bool(computed) or seq in parked._by_seq
+            assert held == bool(computed) or seq in parked
     assert all(r.status is Status.FINISHED for r in reqs)
     assert seen_seqs == {0, 1}
     assert len(parked) == 2 and engine.scheduler.kv_free == be.capacity.n_ctx

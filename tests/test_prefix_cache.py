@@ -58,10 +58,16 @@ def test_a_question_after_indexing_computes_only_the_question_and_answers_the_sa
     saved = doc.share_prefix // q * q  # cut at a piece boundary, so shapes stay exact
     assert be.prefix_cache.describe()["saved"] == 1
     after = fresh(ask)
-    drain(engine, [after])
-    assert after.prefix_reused_tokens == saved and after.restore_s > 0
+    drain(engine, [after])  # continues the document's parked sequence, cut back to it
+    assert after.prefix_reused_tokens == saved and after.restore_s is None
     assert after.record()["prefilled_tokens"] == after.prompt_len - saved  # the question
     assert after.output == before.output  # the same greedy tokens as computing it all
+    while engine.scheduler.parked:  # gone from the context: restored from the saved state
+        engine.scheduler.parked.evict()
+    restored = fresh(ask)
+    drain(engine, [restored])
+    assert restored.prefix_reused_tokens >= saved and restored.restore_s > 0
+    assert restored.output == before.output
 
 
 def test_a_damaged_or_foreign_state_file_is_rejected_and_the_prompt_computed(
@@ -101,6 +107,7 @@ def test_cancelling_a_request_right_after_its_restore_frees_its_cells(make_backe
     doc, ask = prompts(be)
     engine = Engine(be, parse_policy("static:64"))
     drain(engine, [doc])
+    engine.scheduler.parked.evict()  # the document's sequence: its state is in the store
     q = fresh(ask)
     engine.add(q)
     assert engine._admit() is not None  # admitted: the saved document is restored into it
@@ -108,5 +115,6 @@ def test_cancelling_a_request_right_after_its_restore_frees_its_cells(make_backe
     seq = q.seq_id
     free = engine.scheduler.kv_free
     assert engine.cancel(q)
-    assert be.ctx.seq_pos_max(seq) == -1  # its cells are gone
-    assert engine.scheduler.kv_free == free + q.kv_cells
+    assert engine.scheduler.kv_free == free + q.kv_cells  # its reservation is returned
+    assert engine.scheduler.parked.evict() == seq  # parked, for a prompt that continues it
+    assert be.ctx.seq_pos_max(seq) == -1  # its cells are gone once released

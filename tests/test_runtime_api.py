@@ -90,7 +90,9 @@ def test_cancel_in_prefill_in_decode_twice_and_after_the_end(make_backend):
     assert {rid: r.output for rid, r in results.items()} == reference  # others unchanged
     sched = rt.engine.scheduler
     assert sched.kv_free == be.capacity.n_ctx and not sched.running  # cells returned
-    assert [be.seq_pos_max(s) for s in range(4)] == [-1] * 4 and be._samplers == {}
+    # Each sequence empty, or parked with what it computed for a prompt that continues it.
+    assert all(be.seq_pos_max(s) == -1 or s in sched.parked for s in range(4))
+    assert be._samplers == {}
 
 
 def test_eight_threads_submitting_at_once_lose_nothing(make_backend, tmp_path):
@@ -154,7 +156,7 @@ def test_asking_about_an_indexed_document_computes_only_the_question(make_backen
     assert kept and req.prefix_reused_tokens >= kept - be.capacity.chunk_quantum
     assert req.prompt[:kept] == doc.request.prompt[:kept]  # the document, token for token
     assert req.record()["prefilled_tokens"] == req.prompt_len - req.prefix_reused_tokens
-    assert req.restore_s is not None and len(req.output) == 8
+    assert len(req.output) == 8
 
 
 def _prefill_written(path) -> int:

@@ -225,7 +225,8 @@ def test_host_key_and_body_size_are_checked_before_the_body_is_read(make_backend
             assert _status(sock) == 413
         # A chunked body (no Content-Length) is counted as it comes: 413 past the limit.
         chunks = (b"x" * 65536 for _ in range(2 * limit // 65536))
-        r = httpx.post(f"{base}/v1/chat/completions", headers=AUTH, content=chunks)
+        json_type = {**AUTH, "Content-Type": "application/json"}
+        r = httpx.post(f"{base}/v1/chat/completions", headers=json_type, content=chunks)
         assert r.status_code == 413 and "--max-body-mb" in r.json()["error"]["message"]
         # 64 MB sent without the key: refused, and the server does not hold it.
         peak, stop = [0], threading.Event()

@@ -28,16 +28,21 @@ def store(folder: Path | None, ram: int = 64 * MIB, disk: int = 64 * MIB, **kw) 
 DOC = list(range(1000, 1400))  # a document's 400 tokens
 
 
-def test_the_longest_saved_prefix_shorter_than_the_prompt_is_found():
+def test_the_saved_state_sharing_the_longest_prefix_is_found():
     with store(None) as s:
         s.put(DOC[:100], payload(10, 1))
         s.put(DOC[:300], payload(30, 3))
         hit = s.lookup(DOC[:300] + [7, 8, 9])
-        assert hit is not None and hit.n_tokens == 300 and hit.source == "memory"
-        assert np.array_equal(hit.payload, payload(30, 3))
-        assert s.lookup(DOC[:300]).n_tokens == 100  # the last prompt token is always computed
+        assert hit is not None and hit.n_tokens == 300 and hit.common == 300
+        assert hit.source == "memory" and np.array_equal(hit.payload, payload(30, 3))
+        whole = s.lookup(DOC[:300])  # the last prompt token is always computed: cut there
+        assert whole is not None and whole.n_tokens == 300 and whole.common == 299
         assert s.lookup([5] + DOC) is None  # another start: nothing in common
-        assert s.lookup(DOC[:50]) is None
+        longer = s.lookup(DOC[:50] + [7])  # a longer state, to be cut back to what is shared
+        assert longer is not None and longer.n_tokens == 100 and longer.common == 50
+        pieces = s.lookup(DOC[:50] + [7], boundary=lambda n: n // 16 * 16)
+        assert pieces is not None and pieces.common == 48
+        assert s.lookup(DOC[:10] + [7], boundary=lambda n: n // 16 * 16) is None
 
 
 def test_saved_states_outlive_the_process_on_disk(tmp_path):

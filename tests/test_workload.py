@@ -186,7 +186,9 @@ def test_expected_load_is_what_the_workload_builds(name):
     spec = load_workload(DEFAULT.parent / f"{name}.yaml")
     work = expected_load(spec)
     built = build_requests(spec, SimTokenizer())
-    assert sum(s.count for s in work.shapes) == pytest.approx(len(built), rel=0.1)
+    # A folder's files are estimated from their size: each may round to a piece more or less.
+    files = sum(len(s.prompt.files) for s in spec.streams.values() if hasattr(s.prompt, "files"))
+    assert abs(sum(s.count for s in work.shapes) - len(built)) <= 0.1 * len(built) + files
     # means of the ranges against a few draws; documents are estimated from their size
     assert work.prompt_tokens == pytest.approx(sum(r.prompt_len for r in built), rel=0.2)
     assert work.output_tokens == pytest.approx(sum(r.max_tokens for r in built), rel=0.1)

@@ -8,6 +8,7 @@ time is measured, so its overhead is a reported number rather than a claim.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from edgeprefill.thermal.sensor import Sensor, SensorStatus
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PERIOD_S = 0.2
 
@@ -92,10 +95,24 @@ class TelemetrySampler:
         with self._lock:
             self.samples.append(record)
         if self._file is not None:
-            self._file.write(json.dumps(record) + "\n")
+            self._write(record)
         for listen in self.listeners:
             listen(record)
         return record
+
+    def _write(self, record: dict[str, Any]) -> None:
+        """One line of telemetry.jsonl. A write that fails (a full disk) stops the file,
+        with a warning, not the sampling: the samples stay in memory for /metrics."""
+        assert self._file is not None
+        try:
+            self._file.write(json.dumps(record) + "\n")
+        except OSError as e:
+            log.warning("telemetry: writing %s failed (%s); sampling goes on", self._out, e)
+            file, self._file = self._file, None
+            try:
+                file.close()
+            except OSError:
+                pass  # what it buffered cannot reach the disk either
 
     def _loop(self) -> None:
         # time.sleep, not Event.wait: on a VM a timed wait cost 0.5 ms of CPU per wake-up,

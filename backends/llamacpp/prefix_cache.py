@@ -41,7 +41,7 @@ class LlamaPrefixCache:
     def restore(
         self, seq_id: int, prompt: Sequence[int], boundary: Callable[[int], int] = int
     ) -> int:
-        loaded = self.store.lookup(prompt, boundary)
+        loaded = self.store.lookup(prompt, boundary, self._cuttable)
         if loaded is None:
             return 0
         n = self.ctx.seq_state_write(seq_id, loaded.payload)
@@ -50,6 +50,13 @@ class LlamaPrefixCache:
             log.warning("KV cache: llama.cpp refused a saved state; computing the prompt instead")
             return 0
         return self.ctx.seq_truncate(seq_id, loaded.common)
+
+    def _cuttable(self, n_tokens: int, common: int) -> bool:
+        """Whether a saved state of `n_tokens` can be cut back to `common`: of a
+        sliding-window layer it holds only the window's last cells, which the first
+        position after a cut further back would attend below."""
+        n_swa = self.ctx.model.n_swa
+        return common >= n_tokens or not n_swa or n_tokens <= n_swa
 
     def clear(self) -> None:
         self.store.clear()

@@ -198,23 +198,31 @@ class StateStore(Closeable):
 
     # --- restoring ------------------------------------------------------------------
     def lookup(
-        self, prompt: Sequence[int], boundary: Callable[[int], int] = int
+        self,
+        prompt: Sequence[int],
+        boundary: Callable[[int], int] = int,
+        cuttable: Callable[[int, int], bool] = lambda n_tokens, common: True,
     ) -> Loaded | None:
         """The stored state sharing the longest prefix with `prompt`, checked and ready:
         one whose tokens all begin the prompt (found by their hash, whichever process saved
         it), or, of those this process saved, the one sharing the most first tokens (a
         conversation's earlier turn). `Loaded.common` says how many tokens to keep: the
         shared ones cut down by `boundary` (a piece boundary), never the whole prompt (its
-        last token is always computed, for its logits); none at all gives None."""
+        last token is always computed, for its logits); none at all gives None. A state of
+        n tokens is cut back to fewer only where `cuttable(n, common)`."""
         arr = np.asarray(prompt, dtype="<i4")
         self._index_new_files()
         with self._lock:
             lengths = sorted({e.n_tokens for e in self._entries.values()}, reverse=True)
             known = list(self._tokens.items())
-        shared = [(boundary(min(common_prefix(t, arr), len(arr) - 1)), k) for k, t in known]
-        common, best = max(shared, default=(0, ""))
+        usable = []
+        for key, tokens in known:
+            common = boundary(min(common_prefix(tokens, arr), len(arr) - 1))
+            if common >= len(tokens) or cuttable(len(tokens), common):
+                usable.append((common, key))
+        common, best = max(usable, default=(0, ""))
         for n in lengths:
-            if n >= len(arr) or boundary(n) <= common:
+            if n >= len(arr) or boundary(n) <= common or not cuttable(n, boundary(n)):
                 continue
             key = hashlib.sha256(arr[:n].tobytes()).hexdigest()
             loaded = self._load(key, arr[:n], boundary(n))

@@ -37,8 +37,9 @@ class VllmSettings:
     enforce_eager: bool = False  # skip torch.compile / CUDA graphs (fast start, slower steps)
     kv_cache_gib: float | None = None  # None: vLLM's default share of the device memory
     # vLLM's automatic prefix caching: a prompt that starts with blocks still cached (a
-    # document the indexer read) computes only the rest; hits are reported per request.
-    prefix_caching: bool = False
+    # conversation's earlier turn, a document the indexer read) computes only the rest;
+    # hits are reported per request (`prefix_reused_tokens`, `cached_tokens`).
+    prefix_caching: bool = True
     seed: int = 0
 
 

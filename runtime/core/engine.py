@@ -68,7 +68,7 @@ class Engine:
             release=backend.release,
             limits=limits,
             keeps_prefixes=cache is not None,
-            parked=ParkedSequences(backend, cache and cache.save)
+            parked=ParkedSequences(backend, None if cache is None else cache.save)
             if backend.keeps_sequences
             else None,
         )

@@ -59,6 +59,9 @@ class ParkedSequences:
     def __len__(self) -> int:
         return len(self._by_seq)
 
+    def __contains__(self, seq_id: object) -> bool:
+        return seq_id in self._by_seq
+
     def park(self, seq_id: int, tokens: Sequence[int]) -> None:
         self._backend.park(seq_id)
         parked = ParkedSeq(seq_id, np.asarray(tokens, dtype=np.int32))

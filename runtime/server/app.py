@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from pydantic import BaseModel
 
 from edgeprefill.runtime.api.chat_prompt import encode_chat
 from edgeprefill.runtime.api.handle import RequestHandle
@@ -77,7 +78,7 @@ class ServerOptions:
     parse_special: bool = False  # chat text may carry the model's control tokens
 
 
-BODIES = {
+BODIES: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatRequest,
     "/v1/completions": CompletionRequest,
     "/v1/documents": DocumentRequest,
