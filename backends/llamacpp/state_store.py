@@ -228,8 +228,8 @@ class StateStore(Closeable):
             loaded = self._load(key, arr[:n], boundary(n))
             if loaded is not None:
                 return loaded
-        tokens = self._tokens.get(best)
-        return None if not common or tokens is None else self._load(best, tokens, common)
+        kept = self._tokens.get(best)
+        return None if not common or kept is None else self._load(best, kept, common)
 
     def _load(self, key: str, tokens: np.ndarray, common: int) -> Loaded | None:
         with self._lock:
