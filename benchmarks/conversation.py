@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from http_replay import ServeProcess
+from http_replay import ServeProcess, wait_healthy
 from llama_server import HOST, stop, weights_layout
 
 from edgeprefill.backends.bundled_model import default_model_path
@@ -138,15 +138,9 @@ class LlamaServer:
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"llama-server did not come up; see {log}")
+        if not wait_healthy(self.url, self.proc, 120):
+            self.close()
+            raise RuntimeError(f"llama-server did not come up; see {log}")
 
     def close(self) -> None:
         stop(self.proc, timeout_s=30)

@@ -240,19 +240,27 @@ class ServeProcess:
             stderr=subprocess.STDOUT,
         )
         self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                time.sleep(0.5)
-        self.close()
-        raise RuntimeError(f"edgeprefill serve did not come up; see {log}")
+        if not wait_healthy(self.url, self.proc, 600):
+            self.close()
+            raise RuntimeError(f"edgeprefill serve did not come up; see {log}")
 
     def close(self) -> None:
         stop(self.proc, timeout_s=120)  # it finishes what is in flight first
         self._log.close()
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, seconds: float) -> bool:
+    """Whether the server at `url` answered /health with 200 before `proc` exited or
+    `seconds` passed."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return True
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    return False
 
 
 def server_delivery(url: str) -> dict[str, float | None]:
