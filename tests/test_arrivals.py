@@ -125,6 +125,27 @@ def test_closed_loop_users_send_the_next_turn_after_the_answer_and_a_think_time(
     assert len(writer.records) == 12
 
 
+def test_a_conversation_turn_resends_the_turn_before_it_on_the_simulator(tmp_path):
+    arrivals = {"process": "closed_loop", "users": 2, "turns": 3, "think_s": 0.5}
+    text = {"source": "text", "tokens": {"min": 30, "max": 40}, "system": "Be brief."}
+    wl = load_workload(workload(tmp_path, {"u": stream({**arrivals, "conversation": True}, text)}))
+    reqs = build_requests(wl, SimTokenizer())
+    new_parts = {r.id: list(r.prompt) for r in reqs}
+    engine = Engine(SimBackend(COST, CAP), parse_policy("static:64"))
+    with RunWriter(tmp_path / "out") as writer:
+        run_requests(engine, reqs, writer)
+    by_id = {r.id: r for r in reqs}
+    for r in reqs:
+        assert r.error is None
+        if r.after is None:
+            assert not r.continues
+            continue
+        prev = by_id[r.after]
+        assert r.continues and r.prompt == prev.prompt + prev.output + new_parts[r.id]
+    with pytest.raises(UserError, match="arrivals.conversation needs a text prompt"):
+        load_workload(workload(tmp_path, {"u": stream({**arrivals, "conversation": True})}))
+
+
 def doc_folder(tmp_path: Path) -> Path:
     folder = tmp_path / "docs"
     folder.mkdir()

@@ -5,8 +5,11 @@ as if it had computed everything: on the real model, through the runtime and thr
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
+import yaml
 
 from edgeprefill.runtime.api.runtime import Runtime
 from edgeprefill.runtime.core.request import SamplingParams
@@ -135,3 +138,56 @@ def test_a_conversation_through_serve_computes_only_its_new_tokens(make_backend,
     records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
     computed = [r["prefilled_tokens"] for r in records]
     assert computed[9] <= 1.3 * computed[1] + 16, computed
+
+
+CONVERSATION_WORKLOAD = {
+    "name": "conversation_run",
+    "seed": 3,
+    "streams": {
+        "talk": {
+            "class": "foreground",
+            "arrivals": {
+                "process": "closed_loop",
+                "users": 2,
+                "turns": 4,
+                "think_s": 0.2,
+                "stagger_s": 0.5,
+                "conversation": True,
+            },
+            "prompt": {"source": "text", "tokens": {"min": 60, "max": 90}},
+            "output_tokens": {"min": 12, "max": 12},
+            "ignore_eos": True,
+        },
+    },
+}
+
+
+def test_a_conversation_workload_resends_each_turn_and_run_reuses_it(tmp_path):
+    """`run` builds each turn from the turn before it (its prompt and answer, then the new
+    part the trace gives), and the engine computes only that new part (but for the
+    answer's last token, never fed back, and the turn's piece alignment)."""
+    workload = tmp_path / "conversation.yaml"
+    workload.write_text(yaml.safe_dump(CONVERSATION_WORKLOAD))
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "edgeprefill.runtime.cli.main", "run", str(workload)]
+    res = subprocess.run(
+        [*cmd, "--backend", "llamacpp", "--out", str(out), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    trace = {r["id"]: r for r in map(json.loads, (out / "arrivals.jsonl").open())}
+    done = {r["id"]: r for r in map(json.loads, (out / "requests.jsonl").open())}
+    assert len(done) == 8 and all(r["error"] is None for r in done.values())
+    for rid, r in done.items():
+        if "after" not in r:
+            assert r["prefix_reused_tokens"] == 0 and "continues" not in trace[rid]
+            continue
+        before = done[r["after"]]
+        resent = before["prompt_tokens"] + len(before["output_token_ids"])
+        assert trace[rid]["continues"] and r["continues"]
+        assert r["prompt_tokens"] == resent + trace[rid]["prompt_tokens"]
+        assert resent - 4 <= r["prefix_reused_tokens"] <= resent, rid
+    by_turn = json.loads((out / "summary.json").read_text())["foreground"]["mean_ttft_by_turn_ms"]
+    assert len(by_turn) == 4

@@ -7,6 +7,7 @@ arrival. Percentiles are numpy's default (linear). Latency counts completed requ
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Iterable, Mapping
 from itertools import pairwise
 from typing import Any
@@ -86,7 +87,29 @@ def class_summary(records: Iterable[Mapping[str, Any]], duration_s: float) -> di
     out["makespan_s"] = span
     out["span_prefill_tok_s"] = input_tokens / span if span else None
     out["ttft_attainment"] = ttft_attainment(recs)
+    out["mean_ttft_by_turn_ms"] = ttft_by_turn(done)
     return out
+
+
+def ttft_by_turn(done: list[Mapping[str, Any]]) -> list[float] | None:
+    """Closed-loop users' mean first-token time at their first, second, ... turn (a turn
+    is one after the request it follows): whether it grows as conversations do. None
+    without closed-loop turns."""
+    after = {r["id"]: r.get("after") for r in done}
+    turns: dict[str, int] = {}
+    for rid in after:
+        chain = [rid]  # back to a numbered turn, the first, or one that did not complete
+        while (before := after[chain[-1]]) in after and before not in turns:
+            chain.append(before)
+        base = turns.get(after[chain[-1]] or "", 0)
+        for k, turn in enumerate(reversed(chain), 1):
+            turns[turn] = base + k
+    if max(turns.values(), default=1) == 1:
+        return None
+    ttfts: dict[int, list[float]] = {}
+    for r in done:
+        ttfts.setdefault(turns[r["id"]], []).append(r["token_times_s"][0] - r["arrival_s"])
+    return [1e3 * statistics.fmean(ttfts[k]) for k in sorted(ttfts)]
 
 
 def ttft_attainment(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:

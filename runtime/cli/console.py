@@ -75,6 +75,9 @@ def _class_lines(cls: str, c: dict[str, Any]) -> list[str]:
     lines.append(f"{'Input / output tokens:':<34}{c['input_tokens']:>10} / {c['output_tokens']:<9}")
     if c.get("prefix_reused_tokens"):
         lines.append(f"{'Input tokens restored, not computed:':<34}{c['prefix_reused_tokens']:>10}")
+    by_turn = c.get("mean_ttft_by_turn_ms")
+    if by_turn:
+        lines.append(f"{'Mean TTFT by turn (ms):':<34}{' '.join(f'{t:.0f}' for t in by_turn)}")
     lines.append(f"{'Prefill throughput (tok/s):':<34}{_fmt(c['prefill_tok_s']):>22}")
     lines.append(f"{'Output throughput (tok/s):':<34}{_fmt(c['output_tok_s']):>22}")
     return lines

@@ -55,6 +55,10 @@ class Request:
     ignore_eos: bool = False
     after: str | None = None  # closed loop: arrives `think_s` after this request finished
     think_s: float = 0.0
+    # A conversation's next turn (closed loop): `prompt` holds only what is new (the
+    # template's text after an answer, the question, the text before the next answer)
+    # until the turn before it has answered; see `follow`.
+    continues: bool = False
     source: str | None = None  # where the prompt came from (a document piece)
     ttft_target_s: float | None = None  # absolute: first token wanted this soon after arrival
     ttft_slowdown: float | None = None  # relative: within this multiple of `ttft_alone_s`
@@ -108,6 +112,15 @@ class Request:
             return self.prompt[: self.num_computed]
         return self.prompt + self.output[: self.decode_tokens_fed]
 
+    def follow(self, before: Request, answer: list[int]) -> None:
+        """Released after `before` answered with `answer` (its tokens as the client holds
+        them: without an end-of-generation token, or re-tokenized from text): a
+        conversation's turn resends `before`'s prompt and that answer ahead of its own new
+        part, as every client of a stateless chat API does."""
+        if self.continues:
+            self.prompt = before.prompt + answer + self.prompt
+            self.prompt_len = len(self.prompt)
+
     def fail(self, reason: str) -> None:
         self.status = Status.FAILED
         self.error = reason
@@ -127,6 +140,7 @@ class Request:
             "finish_reason": self.finish_reason,
             "error": self.error,
             **({"after": self.after, "think_s": self.think_s} if self.after else {}),
+            **({"continues": True} if self.continues else {}),
             **({"source": self.source} if self.source else {}),
             **({"ttft_target_s": self.ttft_target_s} if self.ttft_target_s is not None else {}),
             **({"ttft_slowdown": self.ttft_slowdown} if self.ttft_slowdown is not None else {}),

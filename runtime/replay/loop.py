@@ -147,6 +147,8 @@ class _Replay(DriverLoop):
         super().ended(req)
         nxt = self.blocked.pop(req.id, None)
         if nxt is not None:
+            # The answer as a client holds it: text, without the end-of-generation token.
+            nxt.follow(req, req.output[:-1] if req.finish_reason == "stop" else req.output)
             nxt.arrival_s = self.engine.clock.now() + nxt.think_s
             bisect.insort(self.pending, nxt, key=lambda r: r.arrival_s)
 

@@ -20,6 +20,7 @@ from edgeprefill.runtime.traffic.arrivals import arrival_times
 from edgeprefill.runtime.traffic.prompts import PromptBuilder
 from edgeprefill.runtime.traffic.workload import (
     AboutPrompt,
+    ClosedLoopArrivals,
     DocumentsPrompt,
     Range,
     SyntheticPrompt,
@@ -70,6 +71,7 @@ def _stream(
     rows = stream.arrivals.rows if isinstance(stream.arrivals, TraceArrivals) else None
     lengths = _rng(seed, name, 1)
     text = _rng(seed, name, 2)
+    conversation = isinstance(stream.arrivals, ClosedLoopArrivals) and stream.arrivals.conversation
     shared = None  # prompt tokens after the shareable part (instruction, chat suffix)
     if isinstance(spec, TextPrompt | DocumentsPrompt) and stream.cls == "background":
         shared = len(builder.frame(spec)[1])
@@ -90,6 +92,9 @@ def _stream(
             prefix = doc.prompt[: doc.share_prefix]
             prompt = builder.question(prefix, other, n_question, text)
             source = f"about {doc.id}"
+        elif conversation and a.after is not None:
+            assert isinstance(spec, TextPrompt)  # the workload checked it
+            prompt = builder.next_turn(spec, _draw(spec.tokens, lengths), text)
         else:
             assert isinstance(spec, TextPrompt | SyntheticPrompt)  # documents came as `docs`
             n_prompt = _draw(spec.tokens, lengths)
@@ -108,6 +113,7 @@ def _stream(
                 ignore_eos=stream.ignore_eos,
                 after=None if a.after is None else f"{name}-{a.after}",
                 think_s=a.think_s,
+                continues=conversation and a.after is not None,
                 source=source,
                 ttft_target_s=stream.ttft_target_s,
                 ttft_slowdown=stream.ttft_relative,
@@ -129,6 +135,8 @@ def format_trace(requests: list[Request]) -> str:
         }
         if r.after is not None:
             rec.update(after=r.after, think_s=round(r.think_s, 9))
+        if r.continues:  # prompt_tokens: its new part; the conversation comes at the run
+            rec["continues"] = True
         rec.update(prompt_tokens=r.prompt_len, max_tokens=r.max_tokens)
         if r.source is not None:
             rec["source"] = r.source

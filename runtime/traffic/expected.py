@@ -9,6 +9,7 @@ import statistics
 from edgeprefill.runtime.core.load import ExpectedLoad, RequestShape
 from edgeprefill.runtime.traffic.workload import (
     AboutPrompt,
+    ClosedLoopArrivals,
     DocumentsPrompt,
     Range,
     Stream,
@@ -49,6 +50,9 @@ def _shape(stream: Stream, prompt: float | None = None) -> RequestShape:
     if prompt is None:
         assert isinstance(p, TextPrompt | SyntheticPrompt)  # a question's length is given
         prompt = _mean(p.tokens)
+    if isinstance(a, ClosedLoopArrivals) and a.conversation:
+        # Turn k resends the k turns before it, question and answer: the mean over turns.
+        prompt += (a.turns - 1) / 2 * (prompt + output)
     if isinstance(a, TraceArrivals) and a.rows:  # a row's own lengths replace the ranges
         rows = a.rows
         prompt = statistics.fmean(r.get("prompt_tokens", prompt) for r in rows)

@@ -109,6 +109,31 @@ class PromptBuilder:
         question = self.tok.encode("\n\n" + words, add_bos=False, special=False)
         return document + question[:n_tokens] + tail
 
+    def next_turn(self, spec: TextPrompt, n_tokens: int, rng: np.random.Generator) -> list[int]:
+        """What a conversation's next turn adds after the previous answer: the template's
+        text that closes an answer and opens a user message, a question of `n_tokens`
+        generated tokens, and the text that opens the next answer."""
+        between, after = self._next_turn_parts(spec)
+        words = self.tok.encode(generate_text(rng, n_tokens), add_bos=False, special=False)
+        return between + words[:n_tokens] + after
+
+    def _next_turn_parts(self, spec: TextPrompt) -> tuple[list[int], list[int]]:
+        if not spec.chat_template:
+            return self.tok.encode("\n\n", add_bos=False, special=False), []
+        answer, question = "\x1eANSWER\x1e", "\x1eQUESTION\x1e"
+        rendered = self.tok.render_chat(
+            [
+                {"role": "user", "content": "?"},
+                {"role": "assistant", "content": answer},
+                {"role": "user", "content": question},
+            ]
+        )
+        between, _, after = rendered.partition(answer)[2].partition(question)
+        encode = self.tok.encode
+        return encode(between, add_bos=False, special=True), encode(
+            after, add_bos=False, special=True
+        )
+
     def text(self, spec: TextPrompt, n_tokens: int, rng: np.random.Generator) -> list[int]:
         """[chat prefix] + generated text cut to fit + [instruction] + [chat suffix]."""
         head, tail = self.frame(spec)

@@ -92,7 +92,10 @@ class ClosedLoopArrivals(_Strict):
     """`users` people, each sending `turns` requests: a user's next request arrives a think
     time (exponential, mean `think_s`) after its previous response finished. User k's first
     request arrives at start_s + k * stagger_s. The think times are seeded; the arrival
-    times follow from the run, as they do for real users."""
+    times follow from the run, as they do for real users. With `conversation`, each turn
+    resends the user's conversation so far (the previous turn's prompt and answer) before a
+    new question of `prompt.tokens`, as every client of a stateless chat API does: a
+    turn's prompt is known only once the turn before it has answered."""
 
     process: Literal["closed_loop"]
     users: int = Field(ge=1)
@@ -100,6 +103,7 @@ class ClosedLoopArrivals(_Strict):
     think_s: float = Field(ge=0)
     stagger_s: float = Field(default=0.0, ge=0)
     start_s: float = Field(default=0.0, ge=0)
+    conversation: bool = False
 
 
 class TraceArrivals(_Strict):
@@ -281,6 +285,12 @@ class Stream(_Strict):
                 )
         elif isinstance(a, COUNTED) and a.count is None:
             raise ValueError(f"arrivals.count is required for {a.process} arrivals")
+        if isinstance(a, ClosedLoopArrivals) and a.conversation:
+            if not isinstance(self.prompt, TextPrompt):
+                raise ValueError(
+                    "arrivals.conversation needs a text prompt (each turn's question is "
+                    f"generated text), not {self.prompt.source}"
+                )
         return self
 
 
