@@ -142,9 +142,7 @@ def full_disk(folder: Path) -> Iterator[None]:
 
 
 @pytest.mark.parametrize("fault", ["device", "full disk"])
-def test_a_failing_engine_stops_the_serve_command_with_1_after_writing_its_results(
-    tmp_path, fault
-):
+def test_a_failing_engine_stops_the_serve_command_with_1_after_writing_its_results(tmp_path, fault):
     """The device raising, or the results folder on a full disk: the request that meets it
     ends with the reason, and the server writes what it can and exits with 1, for a
     supervisor to restart it."""

@@ -71,8 +71,12 @@ def test_the_wheel_holds_every_module_of_the_source_tree(installed):
 
 
 def test_the_installed_command_helps_serves_and_runs_a_simulated_workload(installed, tmp_path):
-    where = _sh(installed / "python", "-c", "import edgeprefill.runtime as r; print(r.__file__)",
-                cwd=tmp_path)
+    where = _sh(
+        installed / "python",
+        "-c",
+        "import edgeprefill.runtime as r; print(r.__file__)",
+        cwd=tmp_path,
+    )
     assert str(ROOT) not in where and "site-packages" in where  # the wheel, not the checkout
     command = installed / "edgeprefill"
     assert "serve" in _sh(command, "--help", cwd=tmp_path)
