@@ -37,8 +37,17 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from llama_server import replay, run_meta, stop, trace, write_results
+from llama_server import (
+    answers_tokenizer,
+    release,
+    replay,
+    run_meta,
+    stop,
+    trace,
+    write_results,
+)
 
+from edgeprefill.runtime.core.contract import Tokenizer
 from edgeprefill.runtime.core.request import Request
 from edgeprefill.runtime.traffic.workload import load_workload
 
@@ -47,10 +56,15 @@ class Endpoint:
     """An OpenAI-compatible server's /v1/completions, one streamed request per call, read
     through httpx (what many Python programs use)."""
 
-    def __init__(self, url: str, model: str | None = None) -> None:
+    def __init__(
+        self, url: str, model: str | None = None, tokenizer: Tokenizer | None = None
+    ) -> None:
+        """`tokenizer`: the model's, for conversations' turns (see `answer`)."""
         self.url = url.rstrip("/")
         self.model = model
+        self.tokenizer = tokenizer
         self.client = httpx.Client(timeout=httpx.Timeout(3600, connect=10))
+        self.texts: dict[str, str] = {}  # each answer's text
 
     def body(self, req: Request) -> dict[str, Any]:
         return {
@@ -84,18 +98,23 @@ class Endpoint:
     def record(self, req: Request, lines: Iterator[tuple[str, float]], clock: Any) -> None:
         """Fill `req` from its response's lines, each with the time it arrived."""
         times: list[float] = []
+        texts: list[str] = []
         n_tokens = None
         for line, now in lines:
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[len("data: ") :])
-            if chunk.get("usage"):
-                n_tokens = chunk["usage"]["completion_tokens"]
+            if usage := chunk.get("usage"):
+                n_tokens = usage["completion_tokens"]
+                cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                req.prefix_reused_tokens = cached or 0
             for choice in chunk.get("choices", []):
                 if choice.get("text"):
                     times.append(now)
+                    texts.append(choice["text"])
                 if choice.get("finish_reason"):
                     req.finish_reason = choice["finish_reason"]
+        self.texts[req.id] = "".join(texts)
         if req.error is not None:
             return
         if req.finish_reason is None or n_tokens is None:
@@ -105,6 +124,13 @@ class Endpoint:
         req.token_times_s.extend(times[:n_tokens])
         req.output.extend([0] * n_tokens)  # the count is what is compared, not the ids
         req.num_computed = req.prompt_len
+
+    def answer(self, req: Request) -> list[int]:
+        """The answer a conversation's next turn resends: its text, tokenized as the server
+        will see it again (what a client of a stateless API sends is text)."""
+        if self.tokenizer is None:
+            raise ValueError("a conversation's turns need the model's tokenizer")
+        return self.tokenizer.encode(self.texts[req.id], add_bos=False, special=False)
 
 
 class RawEndpoint(Endpoint):
@@ -196,7 +222,7 @@ class OneThreadEndpoint(RawEndpoint):
         async def one(req: Request) -> None:
             if req.after is not None:
                 await done[req.after].wait()
-                req.arrival_s = by_id[req.after].token_times_s[-1] + req.think_s
+                release(self, req, by_id[req.after])
             await asyncio.sleep(max(0.0, req.arrival_s - clock()))
             try:
                 received = await self._receive(req, clock)
@@ -304,7 +330,8 @@ def main() -> None:
     url = args.url or server.url  # type: ignore[union-attr]
     started = datetime.now(UTC)
     try:
-        duration = CLIENTS[args.client](url, args.model).replay(requests)
+        with answers_tokenizer(requests) as tokenizer:
+            duration = CLIENTS[args.client](url, args.model, tokenizer).replay(requests)
         delivery = server_delivery(url) if server is not None else None
     finally:
         if server is not None:

@@ -2,7 +2,10 @@
 servers over HTTP through the same driver (`http_replay.py`'s streamed `/v1/completions`
 client), on each workload's exact trace: the default and bursty workloads and
 `benchmarks/chat_plus_documents.yaml` (a few chats beside ten documents, issue 40's kind of
-trace). Seeds interleaved, the order rotated from seed to seed, ratios paired by seed.
+trace) and `workloads/conversation_plus_indexer.yaml` (conversations resent whole at every
+turn, where llama-server runs with its prompt cache on, as its defaults have it, and the
+client resends each answer's text as the server's tokenizer reads it; first-token time by
+turn). Seeds interleaved, the order rotated from seed to seed, ratios paired by seed.
 
     benchmarks/build_llamacpp_tools.sh            # once: llama-server from the vendored source
     .venv/bin/python benchmarks/http_versus.py results/http [--seeds 3] [--threads 2] [--table]
@@ -23,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from http_replay import Endpoint, ServeProcess, server_delivery
-from llama_server import Server, replay, run_meta, trace, write_results
+from llama_server import Server, answers_tokenizer, replay, run_meta, trace, write_results
 from versus_server import ratio_cell
 
 from edgeprefill.backends.bundled_model import default_model_path
@@ -35,6 +38,7 @@ WORKLOADS = (
     "workloads/assistant_plus_indexer.yaml",
     "workloads/assistant_bursty.yaml",
     "benchmarks/chat_plus_documents.yaml",
+    "workloads/conversation_plus_indexer.yaml",
 )
 # llama-server as benchmarks/llama_server.py starts it at its defaults: 4 slots sharing one
 # pool of 4 x 16384 cells.
@@ -64,9 +68,11 @@ def run_one(name: str, workload: Path, seed: int, out: Path, tools: Path, thread
         return
     requests = trace(load_workload(workload), seed, out)
     started = datetime.now(UTC)
+    conversation = any(r.continues for r in requests)
     if name == SERVER:
         args = ["-t", str(threads), *LLAMA_SERVER_ARGS]
-        server = Server(tools, default_model_path(), 18090, args, out / "server.log")
+        log = out / "server.log"
+        server = Server(tools, default_model_path(), 18090, args, log, cache=conversation)
         url, label = "http://127.0.0.1:18090", "llama-server " + " ".join(server.args)
         backend: dict[str, Any] = {"name": SERVER, "args": server.args}
     else:
@@ -77,7 +83,8 @@ def run_one(name: str, workload: Path, seed: int, out: Path, tools: Path, thread
         url, label = server.url, f"edgeprefill serve {args_text}"
         backend = {"name": SERVE, "args": args_text}
     try:
-        duration = replay(Endpoint(url), requests)  # type: ignore[arg-type]
+        with answers_tokenizer(requests) as tokenizer:
+            duration = replay(Endpoint(url, tokenizer=tokenizer), requests)  # type: ignore[arg-type]
         if name == SERVE:
             backend["token_delivery"] = server_delivery(url)
     finally:
@@ -86,10 +93,10 @@ def run_one(name: str, workload: Path, seed: int, out: Path, tools: Path, thread
     write_results(out, requests, duration, run_meta(backend, label, workload, seed, started), label)
 
 
-def run(out: Path, seeds: int, tools: Path, threads: int) -> None:
+def run(out: Path, seeds: int, tools: Path, threads: int, workloads: list[str]) -> None:
     for seed in range(seeds):
         turn = seed % len(CONFIGS)
-        for workload in WORKLOADS:
+        for workload in workloads:
             for name in CONFIGS[turn:] + CONFIGS[:turn]:
                 where = out / Path(workload).stem / f"seed{seed}" / name
                 run_one(name, ROOT / workload, seed, where, tools, threads)
@@ -100,10 +107,10 @@ def metric(s: dict[str, Any], cls: str, key: str) -> float | None:
     return None if value is None else float(value)
 
 
-def tables(out: Path) -> str:
+def tables(out: Path, workloads: tuple[str, ...] | list[str] = WORKLOADS) -> str:
     """Each workload's runs by seed, then serve against run and against llama-server."""
     lines: list[str] = []
-    for workload in WORKLOADS:
+    for workload in workloads:
         folder = out / Path(workload).stem
         runs = {
             s.name: {n: json.loads((s / n / "summary.json").read_text()) for n in CONFIGS}
@@ -111,7 +118,24 @@ def tables(out: Path) -> str:
             if all((s / n / "summary.json").exists() for n in CONFIGS)
         }
         lines += [f"### `{workload}`", "", *seed_rows(runs), "", *ratio_rows(runs), ""]
+        lines += turn_rows(runs)
     return "\n".join(lines)
+
+
+def turn_rows(runs: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """Closed-loop conversations' mean first-token time (ms) at each turn, by seed."""
+    rows = [
+        [seed[4:], name, *(f"{t:.0f}" for t in by_turn)]
+        for seed, by_name in runs.items()
+        for name, s in by_name.items()
+        if (by_turn := s["foreground"].get("mean_ttft_by_turn_ms"))
+    ]
+    if not rows:
+        return []
+    head = ["seed", "run", *(f"turn {k}" for k in range(1, max(map(len, rows)) - 1))]
+    lines = ["Mean first-token time (ms) by turn:", ""]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return [*lines, *("| " + " | ".join(r) + " |" for r in rows), ""]
 
 
 def seed_rows(runs: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
@@ -151,10 +175,17 @@ def main() -> None:
     ap.add_argument("--tools", type=Path, default=TOOLS, help="folder with llama-server")
     ap.add_argument("--threads", type=int, default=2, help="compute threads of every run")
     ap.add_argument("--table", action="store_true", help="only print the tables of the runs")
+    ap.add_argument(
+        "--workload",
+        action="append",
+        choices=WORKLOADS,
+        help="only this workload (repeatable) [default: every one]",
+    )
     args = ap.parse_args()
+    workloads = args.workload or list(WORKLOADS)
     if not args.table:
-        run(args.out, args.seeds, args.tools, args.threads)
-    print(tables(args.out), end="")
+        run(args.out, args.seeds, args.tools, args.threads, workloads)
+    print(tables(args.out, workloads), end="")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ assistant plus an indexer today, and write the same result files as `edgeprefill
 The requests are exactly those `edgeprefill run` builds for the workload and seed (same
 arrivals, prompt token ids, output lengths; `arrivals.jsonl` is byte-identical), sent as
 token ids to `/completion` at their arrival times with streaming, greedy sampling,
-`ignore_eos` as the workload says, and no prompt cache. Each streamed chunk's arrival is
+`ignore_eos` as the workload says, and no prompt cache (`--prompt-cache`: llama-server's
+default cache, for conversations; a turn resends the previous prompt and the answer's
+token ids). Each streamed chunk's arrival is
 its tokens' timestamp on the replay's clock. `requests.jsonl` and `summary.json` have
 `edgeprefill run`'s fields, so `edgeprefill report` reads them and ratios compare.
 """
@@ -23,6 +25,8 @@ import shlex
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -49,11 +53,15 @@ def weights_layout(args: list[str]) -> list[str]:
 class Server:
     """llama-server on loopback, started and stopped with the replay."""
 
-    def __init__(self, tools: Path, model: Path, port: int, args: list[str], log: Path) -> None:
-        self.port = port
+    def __init__(
+        self, tools: Path, model: Path, port: int, args: list[str], log: Path, cache: bool = False
+    ) -> None:
+        """`cache`: llama-server's own defaults, its prompt cache on (`cache_prompt`,
+        `--cache-ram`), where conversations resend what it has computed."""
+        self.port, self.cache = port, cache
         self.cmd = [str(tools / "llama-server"), "-m", str(model), "--host", HOST]
         self.args = [*args, *weights_layout(args)]
-        self.cmd += ["--port", str(port), "--cache-ram", "0", *self.args]
+        self.cmd += ["--port", str(port), *([] if cache else ["--cache-ram", "0"]), *self.args]
         self._log = log.open("w")
         self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
@@ -78,7 +86,7 @@ class Server:
             "n_predict": req.max_tokens,
             "stream": True,
             "return_tokens": True,
-            "cache_prompt": False,
+            "cache_prompt": self.cache,
             "ignore_eos": req.ignore_eos,
             "temperature": 0.0,
         }
@@ -99,11 +107,16 @@ class Server:
                 req.token_times_s.append(now)
             if chunk.get("stop"):
                 req.num_computed = int(chunk.get("tokens_evaluated", req.prompt_len))
+                req.prefix_reused_tokens = int(chunk.get("timings", {}).get("cache_n", 0))
                 stop = chunk.get("stop_type")
                 req.finish_reason = "length" if stop == "limit" else "stop"
                 break
         if req.finish_reason is None:
             req.fail("the stream ended without a final chunk")
+
+    def answer(self, req: Request) -> list[int]:
+        """The answer's tokens as the stream gave them."""
+        return req.output
 
     def close(self) -> None:
         stop(self.proc, timeout_s=30)
@@ -134,7 +147,7 @@ def replay(server: Server, requests: list[Request]) -> float:
     def one(req: Request) -> None:
         if req.after is not None:
             done[req.after].wait()
-            req.arrival_s = by_id[req.after].token_times_s[-1] + req.think_s
+            release(server, req, by_id[req.after])
         time.sleep(max(0.0, req.arrival_s - clock()))
         try:
             server.complete(req, clock)
@@ -149,6 +162,13 @@ def replay(server: Server, requests: list[Request]) -> float:
     for t in threads:
         t.join()
     return clock()
+
+
+def release(server: Any, req: Request, before: Request) -> None:
+    """A closed-loop turn, once `before` has answered: it arrives a think time later,
+    and a conversation's resends `before`'s prompt and answer (`server.answer`)."""
+    req.arrival_s = before.token_times_s[-1] + req.think_s
+    req.follow(before, server.answer(before))
 
 
 def summary(requests: list[Request], duration: float, meta: dict[str, Any]) -> dict[str, Any]:
@@ -189,6 +209,12 @@ def main() -> None:
     )
     ap.add_argument("--server-args", default="", help="more llama-server options, e.g. '-b 256'")
     ap.add_argument("--port", type=int, default=18080)
+    ap.add_argument(
+        "--prompt-cache",
+        action="store_true",
+        help="llama-server's prompt cache on, as its defaults have it (for conversations) "
+        "[default: off, every prompt computed]",
+    )
     args = ap.parse_args()
     spec = load_workload(args.workload)
     model_path = default_model_path()
@@ -196,7 +222,8 @@ def main() -> None:
     server_args = ["-t", str(args.threads), "-c", str(args.n_ctx * (args.slots or 4))]
     server_args += (["-np", str(args.slots)] if args.slots else []) + shlex.split(args.server_args)
     started = datetime.now(UTC)
-    server = Server(args.tools, model_path, args.port, server_args, args.out / "server.log")
+    log = args.out / "server.log"
+    server = Server(args.tools, model_path, args.port, server_args, log, args.prompt_cache)
     server_args = server.args
     try:
         duration = replay(server, requests)
@@ -221,6 +248,20 @@ def trace(spec: Any, seed: int | None, out: Path) -> list[Request]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "arrivals.jsonl").write_text(format_trace(requests))
     return requests
+
+
+@contextmanager
+def answers_tokenizer(requests: list[Request]) -> Iterator[LlamaTokenizer | None]:
+    """The model's tokenizer where a conversation's turns resend answers the client read as
+    text (see `http_replay.Endpoint.answer`); None where no turn does."""
+    if not any(r.continues for r in requests):
+        yield None
+        return
+    model = LlamaModel(default_model_path())
+    try:
+        yield LlamaTokenizer(model)
+    finally:
+        model.close()
 
 
 def run_meta(

@@ -20,6 +20,7 @@ from typing import Any
 import llama_cpp as lc
 
 from edgeprefill.backends.cache import kv_cache_dir
+from edgeprefill.backends.llamacpp.grammar import output_grammar
 from edgeprefill.backends.llamacpp.memory import KvFootprint, check_fits
 from edgeprefill.backends.llamacpp.model_file import check_model_file
 from edgeprefill.backends.llamacpp.native import (
@@ -44,7 +45,7 @@ from edgeprefill.runtime.core.contract import (
 )
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.load import ExpectedLoad
-from edgeprefill.runtime.core.request import SamplingParams
+from edgeprefill.runtime.core.request import OutputFormat, SamplingParams
 
 log = logging.getLogger(__name__)
 _SEQ_ID = operator.attrgetter("seq_id")
@@ -131,6 +132,7 @@ class LlamaCppBackend(Backend):
         path = check_model_file(config.model)
         self._stack = ExitStack()
         self._samplers: dict[int, LlamaSampler] = {}
+        self._parsed_formats: set[OutputFormat] = set()
         try:
             self.model = self._stack.enter_context(closing(self._load(path)))
             self.n_threads = config.n_threads or default_threads()
@@ -356,27 +358,42 @@ class LlamaCppBackend(Backend):
             w = group[0]
             s = w.sample
             assert s is not None
-            if s.greedy:
+            if s.argmax:
                 sampled[w.seq_id] = ctx.argmax_rows(1)[0]
             else:
                 sampled[w.seq_id] = self._sampler(w.seq_id, s).sample(ctx, last_row)
             return
         greedy = (
-            ctx.argmax_rows(len(group)) if any(w.sample and w.sample.greedy for w in group) else []
+            ctx.argmax_rows(len(group)) if any(w.sample and w.sample.argmax for w in group) else []
         )
         for row, w in enumerate(group):  # decodes, one row each
             s = w.sample
             assert s is not None
             sampled[w.seq_id] = (
-                greedy[row] if s.greedy else self._sampler(w.seq_id, s).sample(ctx, row)
+                greedy[row] if s.argmax else self._sampler(w.seq_id, s).sample(ctx, row)
             )
 
     def _sampler(self, seq_id: int, params: SamplingParams) -> LlamaSampler:
         """The sequence's sampler, created at its first token (it keeps the RNG state)."""
         sampler = self._samplers.get(seq_id)
         if sampler is None:
-            sampler = self._samplers[seq_id] = LlamaSampler(params)
+            fmt = params.output_format
+            grammar = None if fmt is None else output_grammar(fmt)
+            sampler = LlamaSampler(params, self.model.vocab, grammar)
+            self._samplers[seq_id] = sampler
         return sampler
+
+    def check_sampling(self, sampling: SamplingParams) -> None:
+        """An output format's grammar is converted and parsed by llama.cpp here, once for
+        the last few hundred formats (a converted grammar is kept for the request's own
+        sampler), so a format that cannot be enforced fails its request up front."""
+        fmt = sampling.output_format
+        if fmt is None or fmt in self._parsed_formats:
+            return
+        LlamaSampler(sampling, self.model.vocab, output_grammar(fmt)).close()
+        if len(self._parsed_formats) >= 256:
+            self._parsed_formats.clear()
+        self._parsed_formats.add(fmt)
 
     def release(self, seq_id: int) -> None:
         self.ctx.seq_rm(seq_id)

@@ -17,6 +17,7 @@ from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.core.contract import Capacity
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.plan import IterationTiming
+from edgeprefill.runtime.core.request import SamplingParams
 from edgeprefill.runtime.core.resource import Closeable
 
 SCHEDULERS = {
@@ -149,6 +150,10 @@ class VllmBackend(Closeable):
 
     name = "vllm"
     clock = None
+
+    def check_sampling(self, sampling: SamplingParams) -> None:
+        """Everything is vLLM's to sample (its structured outputs enforce a format); what
+        it refuses fails the request with vLLM's reason."""
 
     def __init__(self, settings: VllmSettings) -> None:
         # vLLM logs pages at INFO, some before its logging is set up; the run prints its own

@@ -20,7 +20,7 @@ from edgeprefill.runtime.core.costs.targets import FirstTokenTargets
 from edgeprefill.runtime.core.driver import RunClock
 from edgeprefill.runtime.core.iteration import Advance, Iteration
 from edgeprefill.runtime.core.plan import Plan
-from edgeprefill.runtime.core.request import CLASSES, Request, Status
+from edgeprefill.runtime.core.request import CLASSES, OutputFormat, Request, Status
 
 
 class VllmEngine:
@@ -43,11 +43,12 @@ class VllmEngine:
         `profile` (none without one)]; vLLM cannot stop a step a chat arrives during."""
         from vllm import SamplingParams
         from vllm.exceptions import VLLMValidationError
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         self._invalid = VLLMValidationError
 
         self._sampling_params = SamplingParams
+        self._structured_params = StructuredOutputsParams
         self._delta = RequestOutputKind.DELTA
         self.llm = llm
         self.scheduler = scheduler
@@ -87,12 +88,28 @@ class VllmEngine:
     def preempt(self) -> None:
         """Nothing to stop: a vLLM step is not aborted part-way."""
 
+    def _structured(self, output_format: OutputFormat | None) -> Any:
+        """vLLM's structured outputs for the format: any JSON object, or the schema."""
+        if output_format is None:
+            return None
+        if output_format.schema is None:
+            return self._structured_params(json_object=True)
+        return self._structured_params(json=output_format.schema)
+
     def add(self, req: Request) -> bool:
+        s = req.sampling
         params = self._sampling_params(
             n=1,
-            temperature=req.sampling.temperature,
-            top_p=req.sampling.top_p,
-            seed=None if req.sampling.greedy else req.sampling.seed,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            min_p=s.min_p,
+            presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty,
+            repetition_penalty=s.repeat_penalty,
+            logit_bias=dict(s.logit_bias) or None,
+            structured_outputs=self._structured(s.output_format),
+            seed=None if s.greedy else s.seed,
             max_tokens=req.max_tokens,
             ignore_eos=req.ignore_eos,
             stop_token_ids=[] if req.ignore_eos else self._stop_ids,

@@ -152,6 +152,7 @@ class Runtime:
         for name, value in (("ttft_target_s", ttft_target_s), ("ttft_slowdown", ttft_slowdown)):
             if isinstance(value, float | int) and not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a finite number above 0, got {value}")
+        self.backend.check_sampling(sampling or SamplingParams())
         with self._lock:
             rid = request_id or f"{'chat' if cls == 'foreground' else 'doc'}-{next(self._ids)}"
         req = Request(

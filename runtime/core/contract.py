@@ -214,6 +214,13 @@ class Backend(Closeable, ABC):
     def release(self, seq_id: int) -> None:
         """Forget a finished or cancelled sequence: its KV cells and sampler state."""
 
+    def check_sampling(self, sampling: SamplingParams) -> None:
+        """ValueError naming what this backend cannot sample as asked (a schema it cannot
+        enforce). Called before a request is queued, so its caller gets the error rather
+        than a request that fails once its prompt is computed. Here: no output format."""
+        if sampling.output_format is not None:
+            raise ValueError(f"the {self.name} backend cannot enforce an output format")
+
     # Whether a finished sequence's KV may stay in the context for a later prompt that
     # starts with its tokens (`reuse`); False: every sequence is released when it ends.
     keeps_sequences: bool = False

@@ -24,16 +24,49 @@ DEFAULT_TTFT_SLOWDOWN: dict[RequestClass, float | None] = {
 
 
 @dataclass(frozen=True)
+class OutputFormat:
+    """What the output must be, enforced while sampling (OpenAI's `response_format`): any
+    JSON object (`schema` None), or JSON that fits `schema` (a JSON Schema, as JSON text).
+    Each backend turns it into its own constraint: a grammar on llama.cpp, vLLM's
+    structured outputs on vLLM."""
+
+    schema: str | None = None
+
+
+@dataclass(frozen=True)
 class SamplingParams:
-    """Greedy when `temperature` is 0 (the default, so runs are exactly reproducible)."""
+    """Greedy when `temperature` is 0 (the default, so runs are exactly reproducible). The
+    other fields are OpenAI's and llama.cpp's, applied in llama.cpp's order: bias,
+    penalties (over the output so far), the format, top-k, top-p, min-p, temperature."""
 
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0  # 1: off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    output_format: OutputFormat | None = None
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def argmax(self) -> bool:
+        """The token is the logits' argmax: greedy, nothing changing the logits first."""
+        return (
+            self.greedy
+            and not self.logit_bias
+            and self.output_format is None
+            and not self.penalized
+        )
+
+    @property
+    def penalized(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repeat_penalty != 1)
 
 
 class Status(Enum):

@@ -12,7 +12,7 @@ from typing import Any
 from edgeprefill.runtime.api.handle import RequestHandle
 from edgeprefill.runtime.api.runtime import Runtime
 from edgeprefill.runtime.core.contract import Tokenizer
-from edgeprefill.runtime.core.request import RequestClass
+from edgeprefill.runtime.core.request import RequestClass, SamplingParams
 from edgeprefill.runtime.server.errors import ApiError
 from edgeprefill.runtime.server.schema import ChatRequest, Generation
 
@@ -60,8 +60,30 @@ class Admission:
                 retry_after_s=1,
             )
 
+    def sampling(self, body: Generation) -> SamplingParams:
+        """The body's sampling, refused with a 400 naming the field where the backend
+        cannot sample so. Off the event loop: an output format's grammar is built here."""
+        sampling = body.sampling()
+        n_vocab = self.runtime.backend.tokenizer.vocab_size
+        bad = next((t for t, _ in sampling.logit_bias if t >= n_vocab), None)
+        if bad is not None:
+            raise ApiError(
+                400,
+                f"logit_bias names token {bad}; the vocabulary has {n_vocab}",
+                param="logit_bias",
+            )
+        try:
+            self.runtime.backend.check_sampling(sampling)
+        except ValueError as e:
+            raise ApiError(400, str(e), param="response_format") from None
+        return sampling
+
     def submit(
-        self, body: Generation, prompt: list[int], after_prefix_of: RequestHandle | None = None
+        self,
+        body: Generation,
+        prompt: list[int],
+        sampling: SamplingParams,
+        after_prefix_of: RequestHandle | None = None,
     ) -> RequestHandle:
         param = "messages" if isinstance(body, ChatRequest) else "prompt"
         limit = self._fits(body, len(prompt), param)
@@ -70,7 +92,7 @@ class Admission:
                 prompt,
                 max_tokens=limit,
                 cls=body.cls,
-                sampling=body.sampling(),
+                sampling=sampling,
                 ttft_target_s=None if body.ttft_target_ms is None else body.ttft_target_ms / 1e3,
                 ignore_eos=body.ignore_eos,
                 after_prefix_of=after_prefix_of,

@@ -30,11 +30,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel
 
-from edgeprefill.runtime.api.chat_prompt import encode_chat
+from edgeprefill.runtime.api.chat_prompt import encode_chat, turn_stops
 from edgeprefill.runtime.api.handle import RequestHandle
 from edgeprefill.runtime.api.runtime import INDEX_INSTRUCTION, Runtime
 from edgeprefill.runtime.core.request import Request as EngineRequest
-from edgeprefill.runtime.core.request import RequestClass
+from edgeprefill.runtime.core.request import RequestClass, SamplingParams
 from edgeprefill.runtime.core.threads import lowest_thread_priority
 from edgeprefill.runtime.server.admission import Admission, QueueLimits
 from edgeprefill.runtime.server.body import BodyParser, request_body_schemas
@@ -136,6 +136,7 @@ class Routes:
         self.admission = Admission(runtime, options.model_id, options.queue)
         self.documents = Documents(options.documents_kept)
         self.tokenizer = runtime.backend.tokenizer
+        self.turn_stops = turn_stops(self.tokenizer)  # a chat's answer ends with its turn
         # Lowest priority: a 100k-token document is ~0.4 s of a core, which the compute
         # threads beside it would lose (benchmarks/history.md, section E).
         self._workers = {
@@ -197,40 +198,46 @@ class Routes:
             for m in body.messages
         ]
         self.admission.check_text(sum(len(m["content"]) for m in messages), "messages")
+        sampling = await self._off_loop(body.cls, self.admission.sampling, body)
         if body.document_id is not None:  # the conversation's words, after the document
             question = "\n\n".join(m["content"] for m in messages if m["content"])
-            handle = await self._ask(body, question)
+            handle = await self._ask(body, question, sampling)
         else:
             special = self.options.parse_special
             prompt = await self._off_loop(body.cls, encode_chat, self.tokenizer, messages, special)
-            handle = self.admission.submit(body, prompt)
-        return await respond(body, handle, "chat.completion", self.model_id, request, self._sent)
+            handle = self.admission.submit(body, prompt, sampling)
+        return await respond(
+            body, handle, "chat.completion", self.model_id, request, self._sent, self.turn_stops
+        )
 
     async def complete(self, request: Request) -> Any:
         body = await self.bodies.parse(request, CompletionRequest)
         self.admission.check(body)
+        sampling = await self._off_loop(body.cls, self.admission.sampling, body)
         if body.document_id is not None:
             if not isinstance(body.prompt, str):
                 raise ApiError(
                     400, "a question about a document (document_id) must be text", param="prompt"
                 )
-            handle = await self._ask(body, body.prompt)
+            handle = await self._ask(body, body.prompt, sampling)
         elif isinstance(body.prompt, str):
             self.admission.check_text(len(body.prompt), "prompt")
             prompt = await self._off_loop(
                 body.cls, self.tokenizer.encode, body.prompt, add_bos=True, special=False
             )
-            handle = self.admission.submit(body, prompt)
+            handle = self.admission.submit(body, prompt, sampling)
         else:
-            handle = self.admission.submit(body, body.prompt)
+            handle = self.admission.submit(body, body.prompt, sampling)
         return await respond(body, handle, "text_completion", self.model_id, request, self._sent)
 
-    async def _ask(self, body: ChatRequest | CompletionRequest, question: str) -> RequestHandle:
+    async def _ask(
+        self, body: ChatRequest | CompletionRequest, question: str, sampling: SamplingParams
+    ) -> RequestHandle:
         """A question about a document given to /v1/documents, as `Runtime.ask` asks it."""
         assert body.document_id is not None
         document = self.documents.get(body.document_id)
         prompt = await self._off_loop(body.cls, self.runtime.question_prompt, document, question)
-        return self.admission.submit(body, prompt, after_prefix_of=document)
+        return self.admission.submit(body, prompt, sampling, after_prefix_of=document)
 
     async def add_document(self, request: Request) -> dict[str, Any]:
         body = await self.bodies.parse(request, DocumentRequest)

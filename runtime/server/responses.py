@@ -28,12 +28,14 @@ async def respond(
     model_id: str,
     request: Request,
     sent: Callable[[float], None] = lambda stamp: None,
+    stops: list[str] | None = None,
 ) -> Any:
     """`kind`: "chat.completion" or "text_completion". `sent` gets, each time a streamed
-    chunk has been handed to the connection, the engine's stamp of its newest token."""
+    chunk has been handed to the connection, the engine's stamp of its newest token.
+    `stops`: where the answer ends besides the body's own stop strings."""
     rid = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{handle.id}"
     base = {"id": rid, "created": int(time.time()), "model": model_id}
-    pieces = _Stream(handle, body.stops)
+    pieces = _Stream(handle, [*body.stops, *(stops or [])])
     if not body.stream:
         text = await _whole(pieces, request)
         if text is None:

@@ -9,12 +9,13 @@ refused with a 400 that names them.
 
 from __future__ import annotations
 
+import json
 import secrets
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
-from edgeprefill.runtime.core.request import RequestClass, SamplingParams
+from edgeprefill.runtime.core.request import OutputFormat, RequestClass, SamplingParams
 
 MAX_TOKENS_DEFAULT = 256
 # Bounds that no real request comes near; the context and the body size bind first.
@@ -30,6 +31,7 @@ MAX_TOKEN_ID = (1 << 31) - 1  # ids past the vocabulary are refused by the runti
 # Token ids in one prompt: a million, the longest context models have. The server's own
 # context binds first (`BodyParser` refuses a body with more values than it holds).
 MAX_PROMPT_IDS = 1 << 20
+MAX_LOGIT_BIASES = 1024  # OpenAI takes 300
 
 
 # Strings of bounded length (pydantic also refuses lone surrogates, which the tokenizer
@@ -84,6 +86,33 @@ class Message(Strict):
         return self.content or ""
 
 
+class JsonSchemaFormat(Strict):
+    name: Name = "response"
+    schema_: dict[str, JsonValue] = Field(default_factory=dict, alias="schema")
+    """The JSON Schema the answer must fit ({}: any JSON)."""
+    strict: bool | None = None
+    """Enforced either way: the answer is sampled under the schema's grammar."""
+
+
+class ResponseFormat(Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError('a response_format of type "json_schema" needs its "json_schema"')
+        return self
+
+    def output_format(self) -> OutputFormat | None:
+        if self.type == "text":
+            return None
+        if self.type == "json_object" or self.json_schema is None:
+            return OutputFormat()
+        schema = self.json_schema.schema_
+        return OutputFormat(json.dumps(schema, sort_keys=True) if schema else None)
+
+
 class Generation(Strict):
     model: Name | None = None
     """The served model's id as `/v1/models` lists it (--served-model-name; by default the
@@ -98,8 +127,28 @@ class Generation(Strict):
     temperature: float = Field(default=1.0, ge=0, le=2)
     """0: greedy."""
     top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=0, ge=0, le=1 << 20)
+    """The k likeliest tokens only (0: all)."""
+    min_p: float = Field(default=0.0, ge=0, le=1)
+    """Tokens at least this share of the likeliest one's probability only (0: all)."""
+    presence_penalty: float = Field(default=0.0, ge=-2, le=2)
+    """Subtracted from the logit of a token the last 64 output tokens hold (llama.cpp's
+    window, as llama-server counts)."""
+    frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
+    """Subtracted once for each time the last 64 output tokens hold it."""
+    repeat_penalty: float = Field(default=1.0, gt=0, le=10)
+    """llama.cpp's: a repeated token's logit divided by this (1: off)."""
+    logit_bias: dict[str, float] | None = Field(default=None, max_length=MAX_LOGIT_BIASES)
+    """Token id (as a string) to a bias from -100 to 100 added to its logit."""
+    response_format: ResponseFormat | None = None
+    """`json_object` or `json_schema`: the answer is sampled under a grammar, so it is
+    JSON (fitting the schema) whatever the model."""
     seed: int | None = Field(default=None, ge=0, le=(1 << 63) - 1)
     """OpenAI's 64-bit seed; none: a random one, so two requests alike differ."""
+    logprobs: bool | int | None = None
+    """Not returned yet: refused unless false, 0 or null."""
+    top_logprobs: int | None = None
+    """Not returned yet: refused unless 0 or null."""
     stop: StopText | Stops | None = None
     """Text that ends the answer (not included)."""
     n: int = Field(default=1, ge=1, le=1)
@@ -129,9 +178,38 @@ class Generation(Strict):
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
+    @field_validator("logprobs", "top_logprobs")
+    @classmethod
+    def _no_logprobs(cls, value: bool | int | None) -> bool | int | None:
+        if value:
+            raise ValueError("this server does not return log probabilities yet; leave it out")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_by_token(cls, biases: dict[str, float] | None) -> dict[str, float] | None:
+        for token, bias in (biases or {}).items():
+            if not token.isdigit() or int(token) > MAX_TOKEN_ID:
+                raise ValueError(f"logit_bias keys are token ids, not {token[:32]!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias of token {token} is {bias}, not from -100 to 100")
+        return biases
+
     def sampling(self) -> SamplingParams:
         seed = secrets.randbits(63) if self.seed is None else self.seed
-        return SamplingParams(self.temperature, self.top_p, seed)
+        fmt = self.response_format
+        return SamplingParams(
+            self.temperature,
+            self.top_p,
+            seed,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repeat_penalty=self.repeat_penalty,
+            logit_bias=tuple((int(t), b) for t, b in (self.logit_bias or {}).items()),
+            output_format=None if fmt is None else fmt.output_format(),
+        )
 
     @property
     def include_usage(self) -> bool:
@@ -141,6 +219,19 @@ class Generation(Strict):
 class ChatRequest(Generation):
     messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES, fail_fast=True)
     """The conversation, rendered with the model's chat template."""
+    tools: list[JsonValue] | None = Field(default=None, max_length=MAX_MESSAGES)
+    """Not offered to the model yet: refused unless empty or with tool_choice "none"."""
+    tool_choice: JsonValue = None
+    functions: list[JsonValue] | None = Field(default=None, max_length=MAX_MESSAGES)
+    """OpenAI's older tools: refused unless empty."""
+
+    @model_validator(mode="after")
+    def _no_tools(self) -> ChatRequest:
+        if self.functions or (self.tools and self.tool_choice != "none"):
+            raise ValueError(
+                'this server does not call tools yet: leave tools out or set tool_choice to "none"'
+            )
+        return self
 
 
 class CompletionRequest(Generation):
