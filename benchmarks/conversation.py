@@ -150,7 +150,8 @@ class LlamaServer:
 def run_one(server: str, documents: bool, seed: int, args: argparse.Namespace, out: Path) -> Any:
     log = out.with_suffix(".log")
     if server == "edgeprefill":
-        proc: Any = ServeProcess(f"--no-progress --threads {args.threads}", log)
+        options = f"--no-progress --threads {args.threads} {args.serve_args}"
+        proc: Any = ServeProcess(options, log)
     else:
         proc = LlamaServer(args.tools, args.threads, log)
     try:
@@ -198,6 +199,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--only", choices=["alone", "documents"], help="one scenario")
+    p.add_argument("--serve-args", default="", help="more `edgeprefill serve` options")
     args = p.parse_args()
     servers = args.servers.split(",")
     if "llama-server" in servers and args.tools is None:

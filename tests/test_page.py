@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("fastapi")
 webdriver = pytest.importorskip("selenium.webdriver", reason="pip install -e '.[test]'")
 
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
@@ -64,7 +65,10 @@ def test_a_chat_streams_in_the_page_while_a_document_posted_to_the_api_is_read(
         assert posted.status_code == 202, posted.text
         browser.find_element(By.ID, "prompt").send_keys("Write two sentences about the sea.")
         browser.find_element(By.ID, "send").click()
-        wait = WebDriverWait(browser, 240, poll_frequency=0.2)
+        # The page redraws its lists as it polls: an element found may be gone when read.
+        wait = WebDriverWait(
+            browser, 240, poll_frequency=0.2, ignored_exceptions=[StaleElementReferenceException]
+        )
         answer = wait.until(lambda b: _answer(b, "done"))
         assert "error" not in answer.get_attribute("class"), answer.text
         assert int(answer.get_attribute("data-pieces")) > 1  # streamed, not one write

@@ -400,7 +400,9 @@ class LlamaSampler(Native):
         self.grammar = None if grammar is None else _GrammarCheck(vocab, n_vocab, grammar)
         self.ptr = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
         if params.logit_bias:
-            biases = (lc.llama_logit_bias * len(params.logit_bias))(*params.logit_bias)
+            biases = (lc.llama_logit_bias * len(params.logit_bias))(
+                *(lc.llama_logit_bias(token, bias) for token, bias in params.logit_bias)
+            )
             self._add(lc.llama_sampler_init_logit_bias(n_vocab, len(biases), biases))
         if params.penalized:
             penalties = (params.repeat_penalty, params.frequency_penalty, params.presence_penalty)

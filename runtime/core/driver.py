@@ -12,7 +12,7 @@ from edgeprefill.runtime.core.contract import Capacity
 from edgeprefill.runtime.core.costs.profile import DeviceProfile
 from edgeprefill.runtime.core.iteration import Advance
 from edgeprefill.runtime.core.plan import IterationTiming
-from edgeprefill.runtime.core.request import Request
+from edgeprefill.runtime.core.request import Request, SamplingParams
 
 
 class RunClock:
@@ -98,6 +98,9 @@ class SchedulingBackend(Protocol):
         """Timed iterations of a chat alone and beside prompt chunks of several sizes, for
         the startup cost model."""
         ...
+
+    def check_sampling(self, sampling: SamplingParams) -> None:
+        """As `Backend.check_sampling`."""
 
     def describe(self) -> dict[str, Any]: ...
 

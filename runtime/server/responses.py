@@ -46,7 +46,7 @@ async def respond(
             **base,
             "object": kind,
             "choices": [_choice(kind, text, pieces.finish_reason(), whole=True)],
-            "usage": usage(handle.request),
+            "usage": pieces.usage(),
         }
     chunk = {**base, "object": "chat.completion.chunk" if kind == "chat.completion" else kind}
     events = _events(chunk, kind, pieces, body.include_usage, sent)
@@ -98,7 +98,7 @@ async def _events(
         if (error := pieces.failure()) is not None:  # the openai client raises APIError on it
             yield sse(error_body(f"the request failed: {error}", "server_error"))
         if include_usage:
-            yield sse({**base, "choices": [], "usage": usage(handle.request)})
+            yield sse({**base, "choices": [], "usage": pieces.usage()})
         yield b"data: [DONE]\n\n"
     finally:
         handle.cancel()  # the client went away: free its sequence (no-op once ended)
@@ -153,12 +153,14 @@ class _Stream:
         self.handle, self.stops = handle, stops
         self.stopped = False
         self.stamp_s = 0.0  # when the engine stamped the newest token read
+        self.tokens_read = 0
 
     async def __aiter__(self) -> AsyncIterator[str]:
         held = ""
         async for piece in self.handle:
             held += piece.text
             self.stamp_s = piece.time_s
+            self.tokens_read += piece.token is not None
             if self.stops:
                 cut = min((held.find(s) for s in self.stops if s in held), default=-1)
                 if cut >= 0:
@@ -175,6 +177,16 @@ class _Stream:
                 yield held
                 held = ""
         yield held
+
+    def usage(self) -> dict[str, Any]:
+        """As `usage`, the answer's tokens counted to the one that completed its stop
+        string: the engine may have sampled more before the cancel reached it, a number that
+        would differ from run to run."""
+        counts = usage(self.handle.request)
+        if self.stopped:
+            counts["completion_tokens"] = self.tokens_read
+            counts["total_tokens"] = counts["prompt_tokens"] + self.tokens_read
+        return counts
 
     def failure(self) -> str | None:
         """Why the request failed (the engine, a shutdown), or None: it ended as asked, or
