@@ -9,6 +9,7 @@ CI installs them). Where they are missing the test says so and skips."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -81,6 +82,31 @@ def test_a_chat_streams_in_the_page_while_a_document_posted_to_the_api_is_read(
         artifacts = ROOT / "test-artifacts"
         artifacts.mkdir(exist_ok=True)
         browser.save_screenshot(str(artifacts / "page.png"))
+
+
+def test_the_page_asks_for_json_and_for_a_tool_call(make_backend, browser):
+    """The page's two examples of what clients ask beyond text: an answer under a JSON
+    schema (it parses), and a call to a tool (shown as the call)."""
+    from selenium.webdriver.support.ui import Select
+
+    with serving(make_backend) as (base, _):
+        browser.get(base + "/")
+        browser.find_element(By.ID, "key").send_keys(KEY)
+        wait = WebDriverWait(browser, 240, poll_frequency=0.2)
+        for n, (answer_as, prompt) in enumerate(
+            [("json", "Describe Ada."), ("tool", "What is the weather in Oslo?")], 1
+        ):
+            Select(browser.find_element(By.ID, "answer-as")).select_by_value(answer_as)
+            browser.find_element(By.ID, "prompt").send_keys(prompt)
+            browser.find_element(By.ID, "send").click()
+            wait.until(
+                lambda b, n=n: len(b.find_elements(By.CSS_SELECTOR, ".turn.assistant.done")) == n
+            )
+            text = browser.find_elements(By.CSS_SELECTOR, ".turn.assistant.done")[-1].text
+            if answer_as == "json":
+                assert set(json.loads(text)) == {"name", "age"}, text
+            else:
+                assert text.startswith("call get_weather({") and '"city"' in text, text
 
 
 def test_the_page_needs_no_key_holds_no_data_and_refuses_to_be_framed(make_backend):

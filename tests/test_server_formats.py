@@ -2,7 +2,8 @@
 with the `openai` client: JSON that fits a schema (strict or not) and any JSON object,
 enforced while sampling, streamed too; logit_bias, penalties, top-k and min-p that change
 the answer; fields this server does not honour yet refused with a 400 that names them; and
-an answer in the bundled model's plain transcript that ends with its turn."""
+an answer in the bundled model's plain transcript that ends with its turn. Tools: see
+test_server_tools.py."""
 
 from __future__ import annotations
 
@@ -80,7 +81,8 @@ def test_logit_bias_and_penalties_change_the_greedy_answer(server):
 
 REFUSED = [
     ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, None),
+    ({"functions": [{"name": "f"}]}, None),
+    ({"tool_choice": {"type": "function", "function": {"name": "g"}}}, None),
     ({"logit_bias": {"x": 1}}, "logit_bias"),
     ({"logit_bias": {"99999999": 1}}, "logit_bias"),
     ({"response_format": {"type": "json_schema"}}, "response_format"),

@@ -33,5 +33,12 @@ def output_grammar(output_format: OutputFormat) -> str:
     schema = output_format.schema or ANY_OBJECT
     try:
         return json_schema_to_gbnf(schema).replace(LOOSE_CHAR, JSON_CHAR)
-    except (ValueError, KeyError, TypeError, AssertionError, NotImplementedError) as e:
+    except (
+        ValueError,
+        KeyError,
+        TypeError,
+        AssertionError,
+        NotImplementedError,
+        RecursionError,
+    ) as e:
         raise ValueError(f"the JSON schema cannot be enforced: {e}") from None

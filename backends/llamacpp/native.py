@@ -8,6 +8,7 @@ creation (samplers and batch, then context, then model) through an ExitStack.
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -452,10 +453,16 @@ class _GrammarCheck(Native):
         if not self.ptr:
             raise ValueError("llama.cpp could not parse the output's grammar")
         self.n_vocab = n_vocab
-        self.ids = np.arange(n_vocab, dtype=np.int32)
-        self.candidates = np.zeros(n_vocab, _TOKEN_DATA)
         self.one = np.zeros(1, _TOKEN_DATA)
-        self._arrays = (self._array(self.candidates), self._array(self.one))
+        self._one = self._array(self.one)
+
+    @staticmethod
+    @functools.cache
+    def _scratch(n_vocab: int) -> tuple[np.ndarray, np.ndarray, Any]:
+        """Token ids and a candidate array of the vocabulary's size (4 MB for 262k tokens),
+        one for every sampler: they sample one at a time, on the engine thread."""
+        candidates = np.zeros(n_vocab, _TOKEN_DATA)
+        return np.arange(n_vocab, dtype=np.int32), candidates, _GrammarCheck._array(candidates)
 
     @staticmethod
     def _array(data: np.ndarray) -> Any:
@@ -474,8 +481,8 @@ class _GrammarCheck(Native):
 
     def _draw(self, chain: Any, row: np.ndarray, constrained: bool) -> int:
         """The chain's token from the row's logits (filtered by the grammar first)."""
-        data, array = self.candidates, self._arrays[0]
-        data["id"], data["logit"], data["p"] = self.ids, row, 0.0
+        ids, data, array = self._scratch(self.n_vocab)
+        data["id"], data["logit"], data["p"] = ids, row, 0.0
         array.size, array.selected, array.sorted = self.n_vocab, -1, False
         if constrained:
             lc.llama_sampler_apply(self.ptr, ctypes.byref(array))
@@ -483,7 +490,7 @@ class _GrammarCheck(Native):
         return int(array.data[array.selected].id)  # a sampler may have moved the data
 
     def _allows(self, token: int) -> bool:
-        one, array = self.one, self._arrays[1]
+        one, array = self.one, self._one
         one["id"], one["logit"], one["p"] = token, 1.0, 0.0
         array.size, array.selected, array.sorted = 1, -1, False
         lc.llama_sampler_apply(self.ptr, ctypes.byref(array))

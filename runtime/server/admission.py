@@ -6,7 +6,7 @@ or the engine failed."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from edgeprefill.runtime.api.handle import RequestHandle
@@ -15,6 +15,7 @@ from edgeprefill.runtime.core.contract import Tokenizer
 from edgeprefill.runtime.core.request import RequestClass, SamplingParams
 from edgeprefill.runtime.server.errors import ApiError
 from edgeprefill.runtime.server.schema import ChatRequest, Generation
+from edgeprefill.runtime.server.tools import ToolUse
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,13 @@ class Admission:
                 retry_after_s=1,
             )
 
-    def sampling(self, body: Generation) -> SamplingParams:
-        """The body's sampling, refused with a 400 naming the field where the backend
-        cannot sample so. Off the event loop: an output format's grammar is built here."""
+    def sampling(self, body: Generation, tool_use: ToolUse | None = None) -> SamplingParams:
+        """The body's sampling (its answer's format the tools' calls where it calls tools),
+        refused with a 400 naming the field where the backend cannot sample so. Off the
+        event loop: an output format's grammar is built here."""
         sampling = body.sampling()
+        if tool_use is not None:
+            sampling = replace(sampling, output_format=tool_use.output_format())
         n_vocab = self.runtime.backend.tokenizer.vocab_size
         bad = next((t for t, _ in sampling.logit_bias if t >= n_vocab), None)
         if bad is not None:
@@ -75,7 +79,8 @@ class Admission:
         try:
             self.runtime.backend.check_sampling(sampling)
         except ValueError as e:
-            raise ApiError(400, str(e), param="response_format") from None
+            param = "tools" if tool_use is not None else "response_format"
+            raise ApiError(400, str(e), param=param) from None
         return sampling
 
     def submit(

@@ -45,6 +45,7 @@ from edgeprefill.runtime.server.guard import Guard
 from edgeprefill.runtime.server.metrics import ServerMetrics
 from edgeprefill.runtime.server.responses import respond
 from edgeprefill.runtime.server.schema import ChatRequest, CompletionRequest, DocumentRequest
+from edgeprefill.runtime.server.tools import ToolUse, conversation
 
 T = TypeVar("T")
 
@@ -193,12 +194,10 @@ class Routes:
     async def chat(self, request: Request) -> Any:
         body = await self.bodies.parse(request, ChatRequest)
         self.admission.check(body)
-        messages = [
-            {"role": m.role if m.role != "developer" else "system", "content": m.text()}
-            for m in body.messages
-        ]
+        tool_use = ToolUse.of(body)
+        messages = conversation(body.messages, tool_use)
         self.admission.check_text(sum(len(m["content"]) for m in messages), "messages")
-        sampling = await self._off_loop(body.cls, self.admission.sampling, body)
+        sampling = await self._off_loop(body.cls, self.admission.sampling, body, tool_use)
         if body.document_id is not None:  # the conversation's words, after the document
             question = "\n\n".join(m["content"] for m in messages if m["content"])
             handle = await self._ask(body, question, sampling)
@@ -207,7 +206,14 @@ class Routes:
             prompt = await self._off_loop(body.cls, encode_chat, self.tokenizer, messages, special)
             handle = self.admission.submit(body, prompt, sampling)
         return await respond(
-            body, handle, "chat.completion", self.model_id, request, self._sent, self.turn_stops
+            body,
+            handle,
+            "chat.completion",
+            self.model_id,
+            request,
+            self._sent,
+            self.turn_stops,
+            tool_use,
         )
 
     async def complete(self, request: Request) -> Any:

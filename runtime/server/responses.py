@@ -19,6 +19,7 @@ from edgeprefill.runtime.api.handle import RequestHandle
 from edgeprefill.runtime.core.request import Request as EngineRequest
 from edgeprefill.runtime.server.errors import ApiError, error_body
 from edgeprefill.runtime.server.schema import Generation
+from edgeprefill.runtime.server.tools import ToolUse
 
 
 async def respond(
@@ -29,10 +30,12 @@ async def respond(
     request: Request,
     sent: Callable[[float], None] = lambda stamp: None,
     stops: list[str] | None = None,
+    tools: ToolUse | None = None,
 ) -> Any:
     """`kind`: "chat.completion" or "text_completion". `sent` gets, each time a streamed
     chunk has been handed to the connection, the engine's stamp of its newest token.
-    `stops`: where the answer ends besides the body's own stop strings."""
+    `stops`: where the answer ends besides the body's own stop strings. `tools`: the answer
+    is a call or a reply in the tools' JSON, read once it has ended."""
     rid = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{handle.id}"
     base = {"id": rid, "created": int(time.time()), "model": model_id}
     pieces = _Stream(handle, [*body.stops, *(stops or [])])
@@ -42,13 +45,16 @@ async def respond(
             return Response(status_code=499)  # nobody reads it: the client went away
         if (error := pieces.failure()) is not None:
             raise ApiError(503, f"the request failed: {error}", "server_error")
+        choice = _choice(kind, text, pieces.finish_reason(), whole=True)
         return {
             **base,
             "object": kind,
-            "choices": [_choice(kind, text, pieces.finish_reason(), whole=True)],
+            "choices": [choice if tools is None else _called(choice, tools)],
             "usage": pieces.usage(),
         }
     chunk = {**base, "object": "chat.completion.chunk" if kind == "chat.completion" else kind}
+    if tools is not None:
+        pieces = _Whole(handle, pieces, tools)
     events = _events(chunk, kind, pieces, body.include_usage, sent)
     # The task runs after the stream ends or the client leaves, even one that left before
     # the first chunk was pulled (the events' own `finally` never runs then).
@@ -94,6 +100,9 @@ async def _events(
             if text:
                 yield sse({**base, "choices": [_choice(kind, text, None, whole=False)]})
                 sent(pieces.stamp_s)  # resumed once the server took the chunk
+        if isinstance(pieces, _Whole) and pieces.calls:
+            delta = {"tool_calls": [{"index": i, **c} for i, c in enumerate(pieces.calls)]}
+            yield sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
         yield sse({**base, "choices": [_choice(kind, "", pieces.finish_reason(), whole=False)]})
         if (error := pieces.failure()) is not None:  # the openai client raises APIError on it
             yield sse(error_body(f"the request failed: {error}", "server_error"))
@@ -102,6 +111,16 @@ async def _events(
         yield b"data: [DONE]\n\n"
     finally:
         handle.cancel()  # the client went away: free its sequence (no-op once ended)
+
+
+def _called(choice: dict[str, Any], tools: ToolUse) -> dict[str, Any]:
+    """A whole chat answer read as the tools' JSON: its reply, or its calls."""
+    content, calls = tools.answer(choice["message"]["content"])
+    choice["message"] = {"role": "assistant", "content": content}
+    if calls:
+        choice["message"]["tool_calls"] = calls
+        choice["finish_reason"] = "tool_calls"
+    return choice
 
 
 def usage(req: EngineRequest) -> dict[str, Any]:
@@ -201,3 +220,21 @@ class _Stream:
         if req.error:
             return "error" if req.error != "cancelled" else "stop"
         return "length"
+
+
+class _Whole(_Stream):
+    """A streamed answer in the tools' JSON: read whole, then sent as its reply's text or
+    its calls (a call's arguments are only known valid once the call has ended)."""
+
+    def __init__(self, handle: RequestHandle, stream: _Stream, tools: ToolUse) -> None:
+        super().__init__(handle, stream.stops)
+        self.tools = tools
+        self.calls: list[dict[str, Any]] = []
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        text = "".join([t async for t in super().__aiter__()])
+        content, self.calls = self.tools.answer(text)
+        yield content or ""
+
+    def finish_reason(self) -> str:
+        return "tool_calls" if self.calls else super().finish_reason()

@@ -76,9 +76,25 @@ class ContentPart(Strict):
 Parts = Annotated[list[ContentPart], Field(max_length=MAX_PARTS, fail_fast=True)]
 
 
+class FunctionCall(Strict):
+    name: Name
+    arguments: Text = "{}"
+    """The arguments as JSON text, as OpenAI sends them."""
+
+
+class ToolCall(Strict):
+    id: Name = ""
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(Strict):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: Text | Parts | None = None
+    tool_calls: list[ToolCall] | None = Field(default=None, max_length=MAX_MESSAGES)
+    """An assistant's calls, sent back in the conversation."""
+    tool_call_id: Name | None = None
+    """The call a tool message answers."""
 
     def text(self) -> str:
         if isinstance(self.content, list):  # content parts: the text ones
@@ -216,22 +232,62 @@ class Generation(Strict):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+def _any_object() -> dict[str, JsonValue]:
+    return {"type": "object"}
+
+
+class Function(Strict):
+    name: Name = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    description: Text = ""
+    parameters: dict[str, JsonValue] = Field(default_factory=_any_object)
+    """The arguments' JSON Schema: the call's arguments are sampled under it."""
+    strict: bool | None = None
+
+
+class Tool(Strict):
+    type: Literal["function"]
+    function: Function
+
+
+class NamedFunction(Strict):
+    name: Name
+
+
+class NamedTool(Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatRequest(Generation):
     messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES, fail_fast=True)
     """The conversation, rendered with the model's chat template."""
-    tools: list[JsonValue] | None = Field(default=None, max_length=MAX_MESSAGES)
-    """Not offered to the model yet: refused unless empty or with tool_choice "none"."""
-    tool_choice: JsonValue = None
+    tools: list[Tool] | None = Field(default=None, max_length=MAX_MESSAGES, fail_fast=True)
+    """Functions the model may call: its answer is then sampled as calls (or a reply,
+    with tool_choice "auto") under their schemas."""
+    tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
+    """"auto" by default with tools; "required": at least one call; a named function: it."""
+    parallel_tool_calls: bool = True
+    """Several calls in one answer (false: at most one)."""
     functions: list[JsonValue] | None = Field(default=None, max_length=MAX_MESSAGES)
-    """OpenAI's older tools: refused unless empty."""
+    """OpenAI's older tools: refused unless empty (send tools)."""
 
     @model_validator(mode="after")
-    def _no_tools(self) -> ChatRequest:
-        if self.functions or (self.tools and self.tool_choice != "none"):
-            raise ValueError(
-                'this server does not call tools yet: leave tools out or set tool_choice to "none"'
-            )
+    def _tools_named(self) -> ChatRequest:
+        if self.functions:
+            raise ValueError("functions is OpenAI's older form of tools: send tools instead")
+        names = [t.function.name for t in self.tools or []]
+        choice = self.tool_choice
+        if isinstance(choice, NamedTool) and choice.function.name not in names:
+            raise ValueError(f"tool_choice names {choice.function.name!r}, which no tool has")
+        if choice in ("auto", "required") and not names:
+            raise ValueError(f'tool_choice "{choice}" needs tools')
+        if self.calls_tools and self.response_format and self.response_format.type != "text":
+            raise ValueError("give tools or a response_format, not both")
         return self
+
+    @property
+    def calls_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
 
 
 class CompletionRequest(Generation):

@@ -82,16 +82,8 @@ def _stream(
         if docs:
             source, prompt = docs[i]
         elif isinstance(spec, AboutPrompt):
-            about = built[spec.stream]
-            if not about:
-                raise UserError(f"stream {name} asks about stream {spec.stream}, which has none")
-            doc = about[i % len(about)]
-            other = workload.streams[spec.stream].prompt
-            assert isinstance(other, TextPrompt | DocumentsPrompt)  # the workload checked it
             n_question = int(row.get("prompt_tokens", _draw(spec.question, lengths)))
-            prefix = doc.prompt[: doc.share_prefix]
-            prompt = builder.question(prefix, other, n_question, text)
-            source = f"about {doc.id}"
+            source, prompt = _question(name, spec, workload, built, i, n_question, builder, text)
         elif conversation and a.after is not None:
             assert isinstance(spec, TextPrompt)  # the workload checked it
             prompt = builder.next_turn(spec, _draw(spec.tokens, lengths), text)
@@ -121,6 +113,28 @@ def _stream(
             )
         )
     return requests
+
+
+def _question(
+    name: str,
+    spec: AboutPrompt,
+    workload: Workload,
+    built: dict[str, list[Request]],
+    i: int,
+    n_question: int,
+    builder: PromptBuilder,
+    text: np.random.Generator,
+) -> tuple[str, list[int]]:
+    """The `i`th question of stream `name`, about the next of the other stream's documents
+    in turn (its kept prefix, then `n_question` tokens): its label and prompt."""
+    about = built[spec.stream]
+    if not about:
+        raise UserError(f"stream {name} asks about stream {spec.stream}, which has none")
+    doc = about[i % len(about)]
+    other = workload.streams[spec.stream].prompt
+    assert isinstance(other, TextPrompt | DocumentsPrompt)  # the workload checked it
+    prefix = doc.prompt[: doc.share_prefix]
+    return f"about {doc.id}", builder.question(prefix, other, n_question, text)
 
 
 def format_trace(requests: list[Request]) -> str:
