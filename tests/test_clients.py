@@ -44,7 +44,7 @@ def test_pydantic_ai_gets_a_typed_output(base):
     from pydantic_ai.providers.openai import OpenAIProvider
 
     model = OpenAIChatModel("tiny", provider=OpenAIProvider(base_url=base, api_key=KEY))
-    agent = Agent(model, output_type=Person, model_settings={"max_tokens": 96})
+    agent = Agent(model, output_type=Person, model_settings={"max_tokens": 96, "temperature": 0})
     assert isinstance(agent.run_sync(ASK).output, Person)
 
 
@@ -58,6 +58,7 @@ def test_instructor_in_tools_mode_gets_its_response_model(base):
         response_model=Person,
         messages=[{"role": "user", "content": ASK}],
         max_tokens=96,
+        temperature=0,
         max_retries=0,
     )
     assert isinstance(person, Person)
@@ -89,7 +90,7 @@ def test_the_agents_sdk_calls_a_function_tool_over_chat_completions(base):
         instructions="Answer questions about the weather with the tool.",
         tools=[get_weather],
         model=model,
-        model_settings=ModelSettings(tool_choice="required", max_tokens=64),
+        model_settings=ModelSettings(tool_choice="required", max_tokens=128, temperature=0),
         tool_use_behavior="stop_on_first_tool",
     )
     result = Runner.run_sync(agent, "What is the weather in Paris?", max_turns=2)

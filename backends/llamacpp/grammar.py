@@ -15,6 +15,7 @@ which leaves them to escapes.
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 
 from llama_cpp.llama_grammar import json_schema_to_gbnf
@@ -22,6 +23,14 @@ from llama_cpp.llama_grammar import json_schema_to_gbnf
 from edgeprefill.runtime.core.request import OutputFormat
 
 ANY_OBJECT = json.dumps({"type": "object"})
+# The converter writes a length or count bound out as that many nested rules (a
+# `maxLength` of 10^6 is an 8 MB grammar), so a request's schema could cost the server
+# gigabytes: a schema whose bounds add up past MAX_BOUNDS is refused (~10 bytes of grammar
+# each), and so is a grammar past MAX_GRAMMAR_BYTES.
+MAX_BOUNDS = 100_000
+BOUNDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
+QUANTIFIER = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+MAX_GRAMMAR_BYTES = 1 << 20
 LOOSE_CHAR = 'char ::= [^"\\\\] |'
 JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
 
@@ -31,8 +40,9 @@ def output_grammar(output_format: OutputFormat) -> str:
     """The GBNF whose root rule the output must match. ValueError naming the problem where
     the schema cannot be turned into one."""
     schema = output_format.schema or ANY_OBJECT
+    _check_bounds(json.loads(schema))
     try:
-        return json_schema_to_gbnf(schema).replace(LOOSE_CHAR, JSON_CHAR)
+        grammar = json_schema_to_gbnf(schema).replace(LOOSE_CHAR, JSON_CHAR)
     except (
         ValueError,
         KeyError,
@@ -42,3 +52,31 @@ def output_grammar(output_format: OutputFormat) -> str:
         RecursionError,
     ) as e:
         raise ValueError(f"the JSON schema cannot be enforced: {e}") from None
+    if len(grammar) > MAX_GRAMMAR_BYTES:
+        raise ValueError(
+            f"the JSON schema makes a grammar of {len(grammar):,} bytes, over this server's "
+            f"{MAX_GRAMMAR_BYTES:,}: simplify it"
+        )
+    return grammar
+
+
+def _check_bounds(schema: object) -> None:
+    """ValueError where the lengths, counts and pattern repetitions of the schema add up
+    past MAX_BOUNDS (walked without recursion: a schema may nest deeply)."""
+    stack, total = [schema], 0
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        if not isinstance(node, dict):
+            continue
+        stack.extend(node.values())
+        total += sum(node[k] for k in BOUNDS if isinstance(node.get(k), int | float))
+        pattern = node.get("pattern")
+        if isinstance(pattern, str):
+            total += sum(int(n) for m in QUANTIFIER.finditer(pattern) for n in m.groups() if n)
+        if total > MAX_BOUNDS:
+            raise ValueError(
+                "the JSON schema's lengths, counts and pattern repetitions add up to more "
+                f"than the {MAX_BOUNDS:,} this server enforces; lower them"
+            )
