@@ -1,9 +1,8 @@
 """What assistants' clients ask of a chat beyond text, through `serve` on the real model
 with the `openai` client: JSON that fits a schema (strict or not) and any JSON object,
 enforced while sampling, streamed too; logit_bias, penalties, top-k and min-p that change
-the answer; fields this server does not honour yet refused with a 400 that names them; and
-an answer in the bundled model's plain transcript that ends with its turn. Tools: see
-test_server_tools.py."""
+the answer; fields this server does not honour yet refused with a 400 that names them.
+Tools: see test_server_tools.py."""
 
 from __future__ import annotations
 
@@ -99,13 +98,3 @@ def test_what_this_server_cannot_honour_is_refused_by_name(server):
             _chat(client, max_tokens=4, extra_body=extra)
         error = e.value.body
         assert error["message"] and (param is None or error["param"] == param), (extra, error)
-
-
-def test_a_plain_transcript_answer_ends_with_its_turn(server):
-    """The bundled model has no chat template: its answer would go on into invented
-    "User:" lines; it stops where the next turn would begin."""
-    client, _ = server
-    hi = [{"role": "user", "content": "Hi, how are you today?"}]
-    reply = _chat(client, temperature=0, max_tokens=200, messages=hi)
-    assert "\nUser:" not in reply.choices[0].message.content
-    assert reply.choices[0].finish_reason == "stop"

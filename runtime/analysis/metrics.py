@@ -95,6 +95,8 @@ def ttft_by_turn(done: list[Mapping[str, Any]]) -> list[float] | None:
     """Closed-loop users' mean first-token time at their first, second, ... turn (a turn
     is one after the request it follows): whether it grows as conversations do. None
     without closed-loop turns."""
+    if not any(r.get("after") for r in done):
+        return None
     after = {r["id"]: r.get("after") for r in done}
     turns: dict[str, int] = {}
     for rid in after:

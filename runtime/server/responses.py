@@ -29,16 +29,14 @@ async def respond(
     model_id: str,
     request: Request,
     sent: Callable[[float], None] = lambda stamp: None,
-    stops: list[str] | None = None,
     tools: ToolUse | None = None,
 ) -> Any:
     """`kind`: "chat.completion" or "text_completion". `sent` gets, each time a streamed
     chunk has been handed to the connection, the engine's stamp of its newest token.
-    `stops`: where the answer ends besides the body's own stop strings. `tools`: the answer
-    is a call or a reply in the tools' JSON, read once it has ended."""
+    `tools`: the answer is a call or a reply in the tools' JSON, read once it has ended."""
     rid = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{handle.id}"
     base = {"id": rid, "created": int(time.time()), "model": model_id}
-    pieces = _Stream(handle, [*body.stops, *(stops or [])])
+    pieces = _Stream(handle, body.stops)
     if not body.stream:
         text = await _whole(pieces, request)
         if text is None:
