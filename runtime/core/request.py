@@ -49,20 +49,17 @@ class SamplingParams:
     repeat_penalty: float = 1.0  # 1: off
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     output_format: OutputFormat | None = None
+    # The token is the logits' argmax: greedy, nothing changing the logits first. Read for
+    # every sampled row, between two device calls: computed once.
+    argmax: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        plain = not self.logit_bias and self.output_format is None and not self.penalized
+        object.__setattr__(self, "argmax", self.greedy and plain)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
-
-    @property
-    def argmax(self) -> bool:
-        """The token is the logits' argmax: greedy, nothing changing the logits first."""
-        return (
-            self.greedy
-            and not self.logit_bias
-            and self.output_format is None
-            and not self.penalized
-        )
 
     @property
     def penalized(self) -> bool:
