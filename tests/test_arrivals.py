@@ -247,3 +247,16 @@ def test_bundled_workloads_load_and_the_references_match_the_default():
     default = built["assistant_plus_indexer"]
     assert same(built["chat_only"], [r for r in default if r.cls == "foreground"])
     assert same(built["indexer_only"], [r for r in default if r.cls == "background"])
+
+
+def test_a_streams_json_schema_is_its_requests_output_format_and_needs_its_end(tmp_path):
+    root = Path(__file__).parents[1] / "workloads"
+    built = build_requests(load_workload(root / "json_chats_plus_indexer.yaml"), SimTokenizer())
+    chats = [r.sampling.output_format for r in built if r.cls == "foreground"]
+    assert chats and all(f is not None for f in chats)
+    assert json.loads(chats[0].schema)["required"] == ["title", "tags", "answer"]
+    assert all(r.sampling.output_format is None for r in built if r.cls == "background")
+    s = stream({"process": "burst", "count": 2})
+    s["sampling"] = {"json_schema": {"type": "object"}}  # with ignore_eos: never ends
+    with pytest.raises(UserError, match="json_schema with ignore_eos"):
+        load_workload(workload(tmp_path, {"s": s}))

@@ -17,6 +17,7 @@ def handle(i: int, handover: Handover | None = None) -> RequestHandle:
         Request(f"r{i}", "foreground", 0.0, [1, 2], 4),
         lambda t: b"ab",
         lambda: None,
+        lambda kept: None,
         handover or Handover(),
     )
 

@@ -111,6 +111,25 @@ def test_a_failed_iteration_releases_its_sequences_instead_of_parking_them():
     assert ("release", req.seq_id) in device.calls and len(sched.parked) == 0
 
 
+def test_a_request_finished_at_a_stop_string_keeps_its_answer_to_the_stop_and_parks():
+    """A reader found a stop string after the 2nd output token while the engine sampled
+    two more: the answer is cut back, it counts as completed, and its sequence is parked
+    with all it computed, so the next turn (which resends the answer cut) reuses it."""
+    device = Device()
+    sched = scheduler(device)
+    req = request("a", list(range(100, 120)), max_tokens=10)
+    sched.add(req)
+    for token in (7, 8, 9, 10):
+        run_plan(sched, 256, token=token)
+    assert sched.finish(req, 2) and not sched.finish(req, 2)  # once only
+    assert req.output == [7, 8] and len(req.token_times_s) == 2
+    assert req.finish_reason == "stop" and req.error is None and req.done
+    assert sched.parked.cells == 20 + 3 and not sched.running  # the 3 tokens fed back
+    turn2 = request("b", list(range(100, 120)) + [7, 8] + list(range(300, 310)))
+    finish(sched, turn2)
+    assert turn2.seq_id == req.seq_id and turn2.prefix_reused_tokens == 22
+
+
 def test_common_prefix():
     a = np.array([1, 2, 3, 4], dtype=np.int32)
     assert common_prefix(a, np.array([1, 2, 9], dtype=np.int32)) == 2

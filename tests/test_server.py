@@ -57,24 +57,37 @@ def test_openai_client_streams_the_same_answer_it_gets_whole_with_usage(server):
     assert whole.usage.prompt_tokens_details.cached_tokens == 0
     assert [m.id for m in c.models.list().data] == ["tiny"]
     # Each streamed chunk's time from the engine's stamp to the connection is measured.
-    metrics = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    metrics = _metrics(base)
     sent = sum(bool(ch.choices and ch.choices[0].delta.content) for ch in chunks)
     assert f"edgeprefill_token_delivery_seconds_count {float(sent)}" in metrics
 
 
-def test_a_stop_string_cuts_the_text_before_it_and_ends_the_request(server):
+def test_a_stop_string_cuts_the_text_before_it_and_ends_the_request_as_completed(server):
     base, runtime = server
     c = client(base)
     ask = {"model": "tiny", "prompt": "A list of fruit: apple, pear,", "temperature": 0}
     full = c.completions.create(**ask, max_tokens=16).choices[0].text
     stop = full[len(full) // 2 : len(full) // 2 + 3]
     assert stop.strip() and full.index(stop) > 0
-    cut = c.completions.create(**ask, max_tokens=16, stop=[stop]).choices[0]
-    assert cut.text == full[: full.index(stop)] and cut.finish_reason == "stop"
-    deadline = time.monotonic() + 30  # the stopped request gave its sequence back
-    while runtime.engine.scheduler.running and time.monotonic() < deadline:
+    cut = c.completions.create(**ask, max_tokens=16, stop=[stop])
+    assert cut.choices[0].text == full[: full.index(stop)]
+    assert cut.choices[0].finish_reason == "stop" and cut.usage.completion_tokens < 16
+    # It ended as completed, not as an error, and gave its sequence back.
+    completed = 'edgeprefill_requests_ended_total{cls="foreground",outcome="completed"} 2.0'
+    deadline = time.monotonic() + 30
+    while completed not in (metrics := _metrics(base)) and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert completed in metrics and 'outcome="error"' not in metrics
     assert not runtime.engine.scheduler.running
+    # Its sequence stayed parked: a prompt that continues its text starts from it.
+    follow = {**ask, "prompt": ask["prompt"] + cut.choices[0].text + " and"}
+    after = c.completions.create(**follow, max_tokens=2).usage.prompt_tokens_details
+    reusable = runtime.engine.scheduler.piece_floor(cut.usage.prompt_tokens)
+    assert after.cached_tokens >= reusable > 0
+
+
+def _metrics(base: str) -> str:
+    return httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
 
 
 def test_curl_gets_server_sent_events_ending_in_done_and_the_key_is_required(server):

@@ -16,7 +16,7 @@ from edgeprefill.runtime.server.errors import ApiError  # noqa: E402
 
 def document(i: int, finished: bool) -> RequestHandle:
     request = Request(f"doc-{i}", "background", 0.0, [1, 2, 3], 4)
-    handle = RequestHandle(request, bytes, lambda: None, Handover())
+    handle = RequestHandle(request, bytes, lambda: None, lambda kept: None, Handover())
     if finished:
         handle._end()
     return handle

@@ -1,12 +1,14 @@
 """What assistants' clients ask of a chat beyond text, through `serve` on the real model
 with the `openai` client: JSON that fits a schema (strict or not) and any JSON object,
 enforced while sampling, streamed too; logit_bias, penalties, top-k and min-p that change
-the answer; fields this server does not honour yet refused with a 400 that names them.
-Tools: see test_server_tools.py."""
+the answer; log-probabilities; fields this server does not honour yet refused with a 400 that names them; and
+an answer in the bundled model's plain transcript that ends with its turn. Tools: see
+test_server_tools.py."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import jsonschema
 import pytest
@@ -78,8 +80,43 @@ def test_logit_bias_and_penalties_change_the_greedy_answer(server):
         assert same.choices[0].message.content == plain, extra
 
 
+def test_logprobs_are_the_sampled_tokens_own_with_the_likeliest_streamed_or_not(server):
+    client, _ = server
+    reply = _chat(client, temperature=0, max_tokens=8, logprobs=True, top_logprobs=3)
+    content = reply.choices[0].logprobs.content
+    assert len(content) == reply.usage.completion_tokens
+    assert "".join(e.token for e in content).startswith(reply.choices[0].message.content)
+    for e in content:
+        top = [t.logprob for t in e.top_logprobs]
+        assert len(top) == 3 and top == sorted(top, reverse=True) and sum(map(math.exp, top)) <= 1
+        # Greedy: the token sampled is the likeliest.
+        assert e.top_logprobs[0].token == e.token and e.logprob == top[0] < 0
+        assert bytes(e.bytes).decode("utf-8", "replace") == e.token
+    stream = _chat(client, temperature=0, max_tokens=8, logprobs=True, top_logprobs=3, stream=True)
+    streamed = [
+        e
+        for c in stream
+        if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content
+    ]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    assert _chat(client, temperature=0, max_tokens=2).choices[0].logprobs is None  # not asked
+    done = client.completions.create(
+        model="tiny", prompt="The capital of France is", max_tokens=6, temperature=0, logprobs=2
+    ).choices[0]
+    lp = done.logprobs
+    assert "".join(lp.tokens).startswith(done.text) and len(lp.token_logprobs) == len(lp.tokens)
+    assert lp.text_offset == [sum(map(len, lp.tokens[:i])) for i in range(len(lp.tokens))]
+    assert all(
+        len(alts) <= 2 and max(alts.values()) == p
+        for alts, p in zip(lp.top_logprobs, lp.token_logprobs, strict=True)
+    )
+
+
 REFUSED = [
-    ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
+    ({"top_logprobs": 2}, None),  # without logprobs: true
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"logprobs": True, "tools": [{"type": "function", "function": {"name": "f"}}]}, None),
     ({"functions": [{"name": "f"}]}, None),
     ({"tool_choice": {"type": "function", "function": {"name": "g"}}}, None),
     ({"logit_bias": {"x": 1}}, "logit_bias"),
@@ -98,3 +135,13 @@ def test_what_this_server_cannot_honour_is_refused_by_name(server):
             _chat(client, max_tokens=4, extra_body=extra)
         error = e.value.body
         assert error["message"] and (param is None or error["param"] == param), (extra, error)
+
+
+def test_a_plain_transcript_answer_ends_with_its_turn(server):
+    """The bundled model has no chat template: its answer would go on into invented
+    "User:" lines; it stops where the next turn would begin."""
+    client, _ = server
+    hi = [{"role": "user", "content": "Hi, how are you today?"}]
+    reply = _chat(client, temperature=0, max_tokens=200, messages=hi)
+    assert "\nUser:" not in reply.choices[0].message.content
+    assert reply.choices[0].finish_reason == "stop"

@@ -91,3 +91,43 @@ def test_a_chat_streams_on_vllm_while_a_document_is_indexed_and_asked_about(vllm
         "foreground",
         "foreground",
     ]
+
+
+def test_json_log_probabilities_and_a_stop_string_on_vllm(vllm_backend):
+    """What assistants' clients ask beyond text, on vLLM: JSON fitting a schema (vLLM's
+    structured outputs), log-probabilities, and a stop string that ends a request as
+    completed."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = {
+        "type": "object",
+        "properties": {"pick": {"enum": ["river", "garden"]}},
+        "required": ["pick"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema, "strict": True}}
+    ask = {"model": "tiny", "messages": [{"role": "user", "content": WORDS}], "temperature": 0}
+    with serving(lambda **_: vllm_backend) as (base, _):
+        c = openai.OpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0, timeout=120)
+        reply = c.chat.completions.create(**ask, max_tokens=32, response_format=fmt)
+        jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
+        assert reply.choices[0].finish_reason == "stop"
+        scored = c.chat.completions.create(**ask, max_tokens=6, logprobs=True, top_logprobs=2)
+        content = scored.choices[0].logprobs.content
+        assert len(content) == scored.usage.completion_tokens == 6
+        assert all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in content)
+        # Greedy: the token sampled is the likeliest.
+        assert all(e.top_logprobs[0].logprob == pytest.approx(e.logprob) for e in content)
+        full = c.completions.create(model="tiny", prompt=WORDS, max_tokens=12, temperature=0)
+        text = full.choices[0].text
+        stop = text[len(text) // 2 : len(text) // 2 + 2]
+        cut = c.completions.create(
+            model="tiny", prompt=WORDS, max_tokens=12, temperature=0, stop=[stop]
+        )
+        assert cut.choices[0].text == text[: text.index(stop)]
+        assert cut.choices[0].finish_reason == "stop"
+        deadline = time.monotonic() + 30
+        done = 'edgeprefill_requests_ended_total{cls="foreground",outcome="completed"} 4.0'
+        while done not in (m := httpx.get(f"{base}/metrics", headers=AUTH).text):
+            assert time.monotonic() < deadline, m
+            time.sleep(0.05)
+        assert 'outcome="error"' not in m

@@ -21,6 +21,7 @@ import llama_cpp as lc
 
 from edgeprefill.backends.cache import kv_cache_dir
 from edgeprefill.backends.llamacpp.grammar import output_grammar
+from edgeprefill.backends.llamacpp.logprobs import token_logprob
 from edgeprefill.backends.llamacpp.memory import KvFootprint, check_fits
 from edgeprefill.backends.llamacpp.model_file import check_model_file
 from edgeprefill.backends.llamacpp.native import (
@@ -45,7 +46,7 @@ from edgeprefill.runtime.core.contract import (
 )
 from edgeprefill.runtime.core.errors import UserError
 from edgeprefill.runtime.core.load import ExpectedLoad
-from edgeprefill.runtime.core.request import OutputFormat, SamplingParams
+from edgeprefill.runtime.core.request import OutputFormat, SamplingParams, TokenLogprob
 
 log = logging.getLogger(__name__)
 _SEQ_ID = operator.attrgetter("seq_id")
@@ -280,26 +281,26 @@ class LlamaCppBackend(Backend):
         self.batch.fill(decodes + chunks if chunks else decodes)
         for w in chunks:
             self.ring.placed(w.seq_id, w.pos)
-        sampled: dict[int, int] = {}
-        duration = 0.0
+        result = IterationResult(0.0, {})
         start = 0
         for group in groups:
-            duration += self._decode(start, len(group))
-            self._sample(group, sampled)
+            result.duration_s += self._decode(start, len(group))
+            self._sample(group, result)
             start += len(group)
         try:
             for w in chunks:
                 spent, last_row = self._chunk(w, start, abort)
-                duration += spent
+                result.duration_s += spent
                 if last_row is None:  # the decodes are done and sampled: stop here
-                    return IterationResult(duration, sampled, self._kept(chunks))
+                    result.kept = self._kept(chunks)
+                    return result
                 if w.sample is not None:  # a chunk at its prompt's end
-                    self._sample([w], sampled, last_row)
+                    self._sample([w], result, last_row)
                 start += len(w.tokens)
         finally:
             if abort is not None:
                 self.ctx.arm_abort(None)
-        return IterationResult(duration_s=duration, sampled=sampled)
+        return result
 
     def _decode(self, start: int, n: int) -> float:
         t0 = time.perf_counter()
@@ -347,13 +348,13 @@ class LlamaCppBackend(Backend):
             what = {1: "no KV slot for the batch", 2: "aborted"}.get(rc, "error")
             raise BackendError(f"llama_decode returned {rc} ({what})")
 
-    def _sample(self, group: list[SeqWork], sampled: dict[int, int], last_row: int = 0) -> None:
+    def _sample(self, group: list[SeqWork], result: IterationResult, last_row: int = 0) -> None:
         """The tokens of a group that samples every row it computed: decodes (one token
         each), or a prompt chunk that ends its prompt. Greedy rows are read from the decode's
         outputs together, the others each by its own sampler. One row, the usual case, takes
         no loop and no list: the call's host time for a chat's decode alone went ~165 to
         ~145 us (medians of 200 alternated calls), time its next token waits for."""
-        ctx = self.ctx
+        ctx, sampled = self.ctx, result.sampled
         if len(group) == 1:
             w = group[0]
             s = w.sample
@@ -362,6 +363,8 @@ class LlamaCppBackend(Backend):
                 sampled[w.seq_id] = ctx.argmax_rows(1)[0]
             else:
                 sampled[w.seq_id] = self._sampler(w.seq_id, s).sample(ctx, last_row)
+            if s.logprobs is not None:
+                result.logprobs[w.seq_id] = self._logprob(w, sampled, last_row)
             return
         greedy = (
             ctx.argmax_rows(len(group)) if any(w.sample and w.sample.argmax for w in group) else []
@@ -372,6 +375,12 @@ class LlamaCppBackend(Backend):
             sampled[w.seq_id] = (
                 greedy[row] if s.argmax else self._sampler(w.seq_id, s).sample(ctx, row)
             )
+            if s.logprobs is not None:
+                result.logprobs[w.seq_id] = self._logprob(w, sampled, row)
+
+    def _logprob(self, w: SeqWork, sampled: dict[int, int], row: int) -> TokenLogprob:
+        assert w.sample is not None and w.sample.logprobs is not None
+        return token_logprob(self.ctx.logits(row), sampled[w.seq_id], w.sample.logprobs)
 
     def _sampler(self, seq_id: int, params: SamplingParams) -> LlamaSampler:
         """The sequence's sampler, created at its first token (it keeps the RNG state)."""

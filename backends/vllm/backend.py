@@ -111,7 +111,9 @@ def _engine_config(settings: VllmSettings, on_gpu: bool) -> Any:
 
     args = EngineArgs(
         model=str(settings.model),
-        skip_tokenizer_init=True,  # prompts are token ids, built by the runtime
+        # Prompts are token ids, built by the runtime, and outputs are not detokenized,
+        # but structured outputs compile a format's grammar over the tokenizer's vocabulary.
+        skip_tokenizer_init=False,
         max_model_len=settings.n_ctx,
         max_num_batched_tokens=settings.n_batch,
         max_num_seqs=settings.n_seq_max,

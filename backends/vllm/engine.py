@@ -8,7 +8,7 @@ records from the scheduler mixin once each step's completed timing has arrived.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -20,7 +20,13 @@ from edgeprefill.runtime.core.costs.targets import FirstTokenTargets
 from edgeprefill.runtime.core.driver import RunClock
 from edgeprefill.runtime.core.iteration import Advance, Iteration
 from edgeprefill.runtime.core.plan import Plan
-from edgeprefill.runtime.core.request import CLASSES, OutputFormat, Request, Status
+from edgeprefill.runtime.core.request import (
+    CLASSES,
+    OutputFormat,
+    Request,
+    Status,
+    TokenLogprob,
+)
 
 
 class VllmEngine:
@@ -44,12 +50,14 @@ class VllmEngine:
         from vllm import SamplingParams
         from vllm.exceptions import VLLMValidationError
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+        from vllm.v1.request import RequestStatus
 
         self._invalid = VLLMValidationError
 
         self._sampling_params = SamplingParams
         self._structured_params = StructuredOutputsParams
         self._delta = RequestOutputKind.DELTA
+        self._compiling = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
         self.llm = llm
         self.scheduler = scheduler
         self.targets = FirstTokenTargets(profile)
@@ -81,7 +89,10 @@ class VllmEngine:
 
     @property
     def has_running(self) -> bool:
-        return bool(self.scheduler.running)
+        """Some request decodes, or waits for vLLM to compile its output format's grammar
+        (in a thread of vLLM's: steps schedule nothing for it until that is done)."""
+        s = self.scheduler
+        return bool(s.running) or any(r.status is self._compiling for r in s.waiting)
 
     can_preempt = False  # vLLM runs a step to its end
 
@@ -109,6 +120,7 @@ class VllmEngine:
             repetition_penalty=s.repeat_penalty,
             logit_bias=dict(s.logit_bias) or None,
             structured_outputs=self._structured(s.output_format),
+            logprobs=s.logprobs,
             seed=None if s.greedy else s.seed,
             max_tokens=req.max_tokens,
             ignore_eos=req.ignore_eos,
@@ -164,6 +176,10 @@ class VllmEngine:
                 req.status = Status.DECODE
                 req.output += new
                 req.token_times_s += [now] * len(new)
+                k = req.sampling.logprobs
+                if k is not None and completion is not None and completion.logprobs:
+                    entries = zip(new, completion.logprobs, strict=True)
+                    req.logprobs += [_logprob(t, e, k) for t, e in entries]
             if out.finished:
                 reason = completion.finish_reason if completion is not None else None
                 req.finish_reason = "length" if reason == "length" else "stop"
@@ -209,6 +225,15 @@ class VllmEngine:
         self._end(req, "cancelled")
         return True
 
+    def finish(self, req: Request, kept: int) -> bool:
+        """See `Driver.finish`: vLLM stops it; its prefix cache keeps the blocks."""
+        if self._live.pop(req.id, None) is None:
+            return False
+        self._end(req, None)
+        del req.output[kept:], req.token_times_s[kept:], req.logprobs[kept:]
+        req.finish_reason, req.status = "stop", Status.FINISHED
+        return True
+
     def abort(self, reason: str) -> list[Request]:
         ended = list(self._live.values())
         self._live.clear()
@@ -226,11 +251,22 @@ class VllmEngine:
             for c in CLASSES
         }
 
-    def _end(self, req: Request, reason: str) -> None:
+    def _end(self, req: Request, reason: str | None) -> None:
+        """Stop it in vLLM; failed with `reason` unless None (the caller ends it)."""
         internal = self._internal[req.id]
         self.scheduler.ep_ttft_targets.pop(internal, None)
         held = self.scheduler.requests.get(internal)
         if held is not None:
             req.num_computed = min(held.num_computed_tokens, req.prompt_len)
         self.llm.abort_request([internal], internal=True)
-        req.fail(reason)
+        if reason is not None:
+            req.fail(reason)
+
+
+def _logprob(token: int, entry: Mapping[int, Any], k: int) -> TokenLogprob:
+    """vLLM's log-probabilities of one sampled token (from its raw logits, as llama.cpp's
+    are read here): the token's, and those ranked 1 to k (vLLM lists the sampled token too,
+    with its own rank, where it is not among them)."""
+    ranked = sorted((lp.rank, t, float(lp.logprob)) for t, lp in entry.items())
+    top = tuple((t, lp) for rank, t, lp in ranked if 1 <= rank <= k)
+    return TokenLogprob(float(entry[token].logprob), top)

@@ -1,7 +1,8 @@
 """A Hugging Face model folder's tokenizer, as the runtime's `Tokenizer` protocol.
 
-vLLM runs with `skip_tokenizer_init` and token-id prompts: the runtime builds every prompt
-itself (exact lengths, the same trace as on llama.cpp), so the tokenizer lives here.
+vLLM gets token-id prompts and returns token ids: the runtime builds every prompt itself
+(exact lengths, the same trace as on llama.cpp), so the tokenizer the runtime uses lives
+here (vLLM loads its own only for structured outputs' grammars).
 """
 
 from __future__ import annotations
@@ -64,7 +65,9 @@ class HFTokenizer:
         return text
 
     def piece(self, token: int) -> bytes:
-        return str(self._tok.decode([token])).encode()
+        """A token's text; none for a special token (end of text, a turn's marker), as
+        llama.cpp renders its control tokens in an answer: `<eos>` is not text to a client."""
+        return str(self._tok.decode([token], skip_special_tokens=True)).encode()
 
     def is_normal(self, token: int) -> bool:
         if token in self._special:

@@ -6,9 +6,20 @@ control tokens, unless `parse_special` says the caller's text may carry them too
 
 from __future__ import annotations
 
-from edgeprefill.runtime.core.contract import Tokenizer
+from edgeprefill.runtime.core.contract import Tokenizer, plain_transcript
 
 _MARK = "\x1eEDGEPREFILL_MESSAGE_{}\x1e"
+# What opens the next turn in the plain transcript a model without a chat template gets.
+PLAIN_NEXT_TURN = "\nUser:"
+
+
+def turn_stops(tokenizer: Tokenizer) -> list[str]:
+    """Where an answer in the plain transcript ends: at the next turn's marker, which a
+    base model goes on to write (a chat template ends the turn with a token of its own, at
+    which the answer stops already)."""
+    probe = [{"role": "user", "content": "?"}]
+    plain = tokenizer.render_chat(probe) == plain_transcript(probe)
+    return [PLAIN_NEXT_TURN] if plain else []
 
 
 def encode_chat(

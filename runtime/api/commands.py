@@ -24,6 +24,7 @@ from edgeprefill.runtime.core.request import Request, RequestClass
 log = logging.getLogger(__name__)
 
 # ("add", (handle, the request whose prefix it waits for, or None)), ("cancel", request),
+# ("finish", (request, how many of its output tokens it keeps)),
 # ("stop", (why the requests in flight end now, or None to finish them; whether the
 # background ones are cancelled))
 Command = tuple[str, Any]
@@ -69,6 +70,9 @@ class CommandLoop(DriverLoop):
             elif kind == "cancel":
                 if self._unhold(arg, "cancelled") or self.engine.cancel(arg):
                     self.ended(arg)
+            elif kind == "finish":
+                if self.engine.finish(*arg):
+                    self.ended(arg[0])
             elif kind == "stop":
                 self.closed = True
                 everything, background = arg

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 from edgeprefill.runtime.api.handover import Handover
-from edgeprefill.runtime.core.request import Request, Status
+from edgeprefill.runtime.core.request import Request, Status, TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,7 @@ class Piece:
     token: int | None
     text: str
     time_s: float  # on the runtime's clock
+    logprob: TokenLogprob | None = None  # where the request asked for log-probabilities
 
 
 class RequestHandle:
@@ -36,11 +37,12 @@ class RequestHandle:
         request: Request,
         piece: Callable[[int], bytes],
         cancel: Callable[[], None],
+        finish: Callable[[int], None],
         handover: Handover,
     ) -> None:
         self.request = request
         self._piece = piece
-        self._cancel = cancel
+        self._cancel, self._finish = cancel, finish
         self._handover = handover
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._events: queue.SimpleQueue[Piece | None] = queue.SimpleQueue()
@@ -67,6 +69,17 @@ class RequestHandle:
         request that already ended stays as it ended. Safe to call twice."""
         if not self.done:
             self._cancel()
+
+    def finish(self, kept: int) -> None:
+        """End it as finished (`finish_reason` "stop") after its first `kept` output tokens,
+        at the next iteration boundary: its reader found a stop string there. Unlike a
+        cancel it counts as completed, and the tokens sampled past `kept` are dropped."""
+        if not self.done:
+            self._finish(kept)
+
+    def token_bytes(self, token: int) -> bytes:
+        """A token's text as the model's vocabulary holds it (part of a character maybe)."""
+        return self._piece(token)
 
     def result(self, timeout: float | None = None) -> Request:
         if not self._done.wait(timeout):
@@ -106,8 +119,9 @@ class RequestHandle:
         req = self.request
         for i in range(self._sent, len(req.output)):
             token = req.output[i]
-            piece = Piece(token, self._decoder.decode(self._piece(token)), req.token_times_s[i])
-            self._put(piece)
+            text = self._decoder.decode(self._piece(token))
+            logprob = req.logprobs[i] if i < len(req.logprobs) else None
+            self._put(Piece(token, text, req.token_times_s[i], logprob))
         self._sent = len(req.output)
 
     def _end(self) -> None:

@@ -144,15 +144,7 @@ class Runtime:
         that start with them. `after_prefix_of`: a request whose kept prefix this prompt
         starts with; while it is still reading that prefix this one waits (its clock
         running), so the prefix is restored rather than computed twice side by side."""
-        n_vocab = self.backend.tokenizer.vocab_size
-        bad = next((t for t in prompt if not 0 <= t < n_vocab), None)
-        if not prompt or bad is not None:  # llama.cpp aborts the process on either
-            what = "an empty prompt" if not prompt else f"token id {bad}"
-            raise ValueError(f"{what}: prompts are token ids from 0 to {n_vocab - 1}")
-        for name, value in (("ttft_target_s", ttft_target_s), ("ttft_slowdown", ttft_slowdown)):
-            if isinstance(value, float | int) and not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite number above 0, got {value}")
-        self.backend.check_sampling(sampling or SamplingParams())
+        self._check(prompt, sampling, ttft_target_s=ttft_target_s, ttft_slowdown=ttft_slowdown)
         with self._lock:
             rid = request_id or f"{'chat' if cls == 'foreground' else 'doc'}-{next(self._ids)}"
         req = Request(
@@ -168,7 +160,11 @@ class Runtime:
             share_prefix=share_prefix,
         )
         handle = RequestHandle(
-            req, self.backend.tokenizer.piece, lambda: self._cancel(req), self.handover
+            req,
+            self.backend.tokenizer.piece,
+            lambda: self._commands.put(("cancel", req)),
+            lambda kept: self._commands.put(("finish", (req, kept))),
+            self.handover,
         )
         after = None if after_prefix_of is None else after_prefix_of.request
         with self._lock:
@@ -245,13 +241,23 @@ class Runtime:
         tail = tok.encode(after, add_bos=False, special=True)
         return head + body, extra, tail
 
+    def _check(self, prompt: list[int], sampling: SamplingParams | None, **targets: Any) -> None:
+        """ValueError for what `submit` cannot queue: llama.cpp aborts the whole process on
+        an empty prompt or a token id outside the vocabulary."""
+        n_vocab = self.backend.tokenizer.vocab_size
+        bad = next((t for t in prompt if not 0 <= t < n_vocab), None)
+        if not prompt or bad is not None:
+            what = "an empty prompt" if not prompt else f"token id {bad}"
+            raise ValueError(f"{what}: prompts are token ids from 0 to {n_vocab - 1}")
+        for name, value in targets.items():
+            if isinstance(value, float | int) and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number above 0, got {value}")
+        self.backend.check_sampling(sampling or SamplingParams())
+
     def _prompt(self, messages: list[dict[str, str]] | list[int]) -> list[int]:
         if all(isinstance(m, int) for m in messages):
             return cast(list[int], list(messages))
         return encode_chat(self.backend.tokenizer, cast(list[dict[str, str]], messages))
-
-    def _cancel(self, req: Request) -> None:
-        self._commands.put(("cancel", req))
 
     # --- shutting down ------------------------------------------------------------------
     def stop(self, *, cancel: bool = False, cancel_background: bool = False) -> None:

@@ -12,12 +12,12 @@ import functools
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from edgeprefill.runtime.core.plan import IterationTiming, Plan
 from edgeprefill.runtime.core.planning import Chunking
-from edgeprefill.runtime.core.request import SamplingParams
+from edgeprefill.runtime.core.request import SamplingParams, TokenLogprob
 from edgeprefill.runtime.core.resource import Closeable
 
 
@@ -150,6 +150,8 @@ class IterationResult:
     # Set when the iteration was aborted part-way (preempted for a foreground arrival):
     # sequence id -> prompt tokens of its slice that were computed and kept in the KV cache.
     kept: dict[int, int] | None = None
+    # sequence id -> the sampled token's log-probabilities, where its sampling asked
+    logprobs: dict[int, TokenLogprob] = field(default_factory=dict)
 
     @property
     def preempted(self) -> bool:

@@ -65,6 +65,11 @@ class Driver(Protocol):
 
     def cancel(self, req: Request) -> bool: ...
 
+    def finish(self, req: Request, kept: int) -> bool:
+        """End a request as finished (`finish_reason` "stop") after its first `kept` output
+        tokens: its reader found a stop string there. False if it had already ended."""
+        ...
+
     def abort(self, reason: str) -> list[Request]: ...
 
     def queues(self) -> dict[str, tuple[int, int]]:

@@ -21,7 +21,7 @@ from edgeprefill.runtime.core.iteration import Advance, Iteration
 from edgeprefill.runtime.core.parked import ParkedSequences
 from edgeprefill.runtime.core.plan import IterationTiming, Plan
 from edgeprefill.runtime.core.planner import Planner
-from edgeprefill.runtime.core.request import CLASSES, Request, Status
+from edgeprefill.runtime.core.request import CLASSES, Request, Status, TokenLogprob
 from edgeprefill.runtime.core.scheduler import BackgroundLimits, Scheduler
 
 
@@ -34,6 +34,7 @@ class Executed:
     timing: IterationTiming
     landed_s: float  # when the device call returned
     sampled: dict[int, int] = field(default_factory=dict)  # sequence id -> new token
+    logprobs: dict[int, TokenLogprob] = field(default_factory=dict)  # where asked, by sequence
     preempted: dict[str, Any] | None = None  # prompt tokens kept and lost, abort latency
     error: str | None = None
 
@@ -200,7 +201,7 @@ class Engine:
         if result.kept is not None:  # only an iteration without chats' work is stopped
             plan, work, preempted = self._kept(plan, work, result.kept, landed)
         timing = timing_of(work, result.duration_s, plan, host_s)
-        return Executed(plan, timing, landed, result.sampled, preempted)
+        return Executed(plan, timing, landed, result.sampled, result.logprobs, preempted)
 
     def _kept(
         self, plan: Plan, work: list[SeqWork], kept_by_seq: dict[int, int], landed: float
@@ -232,7 +233,7 @@ class Engine:
         iteration's requests fail when the backend refused it). Returns those that ended."""
         if ran.error is not None:
             return self.scheduler.fail_plan(ran.plan, ran.error)
-        return self.scheduler.update(ran.plan, ran.sampled, ran.landed_s)
+        return self.scheduler.update(ran.plan, ran.sampled, ran.landed_s, ran.logprobs)
 
     def _record(
         self,
@@ -292,6 +293,11 @@ class Engine:
     def cancel(self, req: Request) -> bool:
         """End one request between iterations (see `Scheduler.cancel`)."""
         return self.scheduler.cancel(req)
+
+    def finish(self, req: Request, kept: int) -> bool:
+        """End one request as finished after its first `kept` output tokens, between
+        iterations (see `Scheduler.finish`)."""
+        return self.scheduler.finish(req, kept)
 
     def abort(self, reason: str) -> list[Request]:
         """Fail every waiting and running request (the run is stopping)."""

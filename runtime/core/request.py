@@ -33,6 +33,20 @@ class OutputFormat:
     schema: str | None = None
 
 
+# OpenAI's bound on `top_logprobs`; llama-server and vLLM take more, clients ask for a few.
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A sampled token's log-probability under the model's distribution (its logits'
+    log-softmax, before any sampling step changes them, as llama-server reports by
+    default), and the likeliest tokens' (token id, log-probability), likeliest first."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Greedy when `temperature` is 0 (the default, so runs are exactly reproducible). The
@@ -49,6 +63,8 @@ class SamplingParams:
     repeat_penalty: float = 1.0  # 1: off
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     output_format: OutputFormat | None = None
+    # None: no log-probabilities; k: each sampled token's and the k likeliest tokens'.
+    logprobs: int | None = None
     # The token is the logits' argmax: greedy, nothing changing the logits first. Read for
     # every sampled row, between two device calls: computed once.
     argmax: bool = field(init=False, repr=False, compare=False)
@@ -101,6 +117,7 @@ class Request:
     num_computed: int = 0  # prompt tokens already in the KV cache
     output: list[int] = field(default_factory=list)
     token_times_s: list[float] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # by output token, if asked
     finish_reason: str | None = None  # "stop" (end-of-generation token) or "length"
     error: str | None = None
     # Prompt tokens not computed: continued from a kept sequence or restored from a saved

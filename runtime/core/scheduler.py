@@ -28,7 +28,7 @@ from edgeprefill.runtime.core.parked import ParkedSequences
 from edgeprefill.runtime.core.plan import Decision, Plan
 from edgeprefill.runtime.core.planner import Candidate
 from edgeprefill.runtime.core.planning import PlanRow, make_plan
-from edgeprefill.runtime.core.request import CLASSES, Request, RequestClass, Status
+from edgeprefill.runtime.core.request import CLASSES, Request, RequestClass, Status, TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -283,9 +283,16 @@ class Scheduler:
             out.append(SeqWork(_seq(r), chunk, r.num_computed, r.sampling if last else None))
         return out
 
-    def update(self, plan: Plan, sampled: dict[int, int], now_s: float) -> list[Request]:
+    def update(
+        self,
+        plan: Plan,
+        sampled: dict[int, int],
+        now_s: float,
+        logprobs: dict[int, TokenLogprob] | None = None,
+    ) -> list[Request]:
         """Apply a completed iteration: advance prompts, append sampled tokens (keyed by
-        sequence), finish requests that stopped. Returns the requests that finished."""
+        sequence) and their log-probabilities where asked, finish requests that stopped.
+        Returns the requests that finished."""
         for rid, n in plan.prefill.items():
             r = self.by_id[rid]
             r.num_computed += n
@@ -296,6 +303,8 @@ class Scheduler:
             r = self._by_seq[seq]
             r.output.append(token)
             r.token_times_s.append(now_s)
+            if logprobs and seq in logprobs:
+                r.logprobs.append(logprobs[seq])
             if self._is_eog(token) and not r.ignore_eos:
                 r.finish_reason = "stop"
             elif len(r.output) >= r.max_tokens:
@@ -333,6 +342,18 @@ class Scheduler:
             req.fail(reason)
             return True
         return False
+
+    def finish(self, req: Request, kept: int) -> bool:
+        """End a running request as finished at a stop its reader found (a stop string):
+        its answer is its first `kept` output tokens. Its sequence is parked with all it
+        computed, the tokens sampled past the stop included (what the cells hold), so the
+        conversation's next turn still starts from it. False if it had already ended."""
+        if req.done or req not in self.running:
+            return False
+        self._retire(req)
+        del req.output[kept:], req.token_times_s[kept:], req.logprobs[kept:]
+        req.finish_reason, req.status = "stop", Status.FINISHED
+        return True
 
     def abort(self, reason: str) -> list[Request]:
         """Fail everything waiting or running (the run is being stopped)."""

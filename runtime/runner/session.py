@@ -66,6 +66,7 @@ def run_workload(
     o = options or RunOptions()
     policy = parse_policy(policy_spec)
     requests = build_requests(workload, backend.tokenizer, seed)
+    _check_sampling(backend, requests, workload_path)
     engine = open_driver(backend, policy, o.limits, profile)
     cache = getattr(backend, "prefix_cache", None)
     if cache is not None and o.fresh_kv_cache:
@@ -105,6 +106,21 @@ def run_workload(
         summary.update(telemetry)
         writer.write_summary(summary)
     return RunResult(summary, outcome, requests, out)
+
+
+def _check_sampling(
+    backend: Backend | SchedulingBackend, requests: list[Request], path: Path
+) -> None:
+    """Each output format the workload asks for can be enforced here, before anything runs
+    (a schema llama.cpp cannot turn into a grammar, a backend without formats)."""
+    formats = {r.sampling.output_format: r.sampling for r in requests}
+    for fmt, sampling in formats.items():
+        if fmt is None:
+            continue
+        try:
+            backend.check_sampling(sampling)
+        except ValueError as e:
+            raise UserError(f"{path}: json_schema: {e}") from None
 
 
 def _sampler(config: TelemetryConfig, engine: Driver, out: Path) -> TelemetrySampler:

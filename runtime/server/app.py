@@ -30,7 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel
 
-from edgeprefill.runtime.api.chat_prompt import encode_chat
+from edgeprefill.runtime.api.chat_prompt import encode_chat, turn_stops
 from edgeprefill.runtime.api.handle import RequestHandle
 from edgeprefill.runtime.api.runtime import INDEX_INSTRUCTION, Runtime
 from edgeprefill.runtime.core.request import Request as EngineRequest
@@ -137,6 +137,7 @@ class Routes:
         self.admission = Admission(runtime, options.model_id, options.queue)
         self.documents = Documents(options.documents_kept)
         self.tokenizer = runtime.backend.tokenizer
+        self.turn_stops = turn_stops(self.tokenizer)  # a chat's answer ends with its turn
         # Lowest priority: a 100k-token document is ~0.4 s of a core, which the compute
         # threads beside it would lose (benchmarks/history.md, section E).
         self._workers = {
@@ -211,7 +212,8 @@ class Routes:
             self.model_id,
             request,
             self._sent,
-            tools=tool_use,
+            self.turn_stops,
+            tool_use,
         )
 
     async def complete(self, request: Request) -> Any:

@@ -17,6 +17,7 @@ from starlette.background import BackgroundTask
 
 from edgeprefill.runtime.api.handle import RequestHandle
 from edgeprefill.runtime.core.request import Request as EngineRequest
+from edgeprefill.runtime.core.request import TokenLogprob
 from edgeprefill.runtime.server.errors import ApiError, error_body
 from edgeprefill.runtime.server.schema import Generation
 from edgeprefill.runtime.server.tools import ToolUse
@@ -29,21 +30,24 @@ async def respond(
     model_id: str,
     request: Request,
     sent: Callable[[float], None] = lambda stamp: None,
+    stops: list[str] | None = None,
     tools: ToolUse | None = None,
 ) -> Any:
     """`kind`: "chat.completion" or "text_completion". `sent` gets, each time a streamed
     chunk has been handed to the connection, the engine's stamp of its newest token.
-    `tools`: the answer is a call or a reply in the tools' JSON, read once it has ended."""
+    `stops`: where the answer ends besides the body's own stop strings. `tools`: the answer
+    is a call or a reply in the tools' JSON, read once it has ended."""
     rid = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{handle.id}"
     base = {"id": rid, "created": int(time.time()), "model": model_id}
-    pieces = _Stream(handle, body.stops)
+    logprobs = None if body.logprobs_asked is None else Logprobs(kind, handle.token_bytes)
+    pieces = _Stream(handle, [*body.stops, *(stops or [])], logprobs)
     if not body.stream:
         text = await _whole(pieces, request)
         if text is None:
             return Response(status_code=499)  # nobody reads it: the client went away
         if (error := pieces.failure()) is not None:
             raise ApiError(503, f"the request failed: {error}", "server_error")
-        choice = _choice(kind, text, pieces.finish_reason(), whole=True)
+        choice = _choice(kind, text, pieces.finish_reason(), pieces.logprobs(), whole=True)
         return {
             **base,
             "object": kind,
@@ -96,12 +100,14 @@ async def _events(
             yield sse({**base, "choices": [{**first, "finish_reason": None}]})
         async for text in pieces:
             if text:
-                yield sse({**base, "choices": [_choice(kind, text, None, whole=False)]})
+                choice = _choice(kind, text, None, pieces.logprobs(), whole=False)
+                yield sse({**base, "choices": [choice]})
                 sent(pieces.stamp_s)  # resumed once the server took the chunk
         if isinstance(pieces, _Whole) and pieces.calls:
             delta = {"tool_calls": [{"index": i, **c} for i, c in enumerate(pieces.calls)]}
             yield sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
-        yield sse({**base, "choices": [_choice(kind, "", pieces.finish_reason(), whole=False)]})
+        last = _choice(kind, "", pieces.finish_reason(), pieces.logprobs(), whole=False)
+        yield sse({**base, "choices": [last]})
         if (error := pieces.failure()) is not None:  # the openai client raises APIError on it
             yield sse(error_body(f"the request failed: {error}", "server_error"))
         if include_usage:
@@ -152,37 +158,45 @@ def sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + data + b"\n\n"
 
 
-def _choice(kind: str, text: str, finish: str | None, whole: bool) -> dict[str, Any]:
+def _choice(
+    kind: str, text: str, finish: str | None, logprobs: dict[str, Any] | None, whole: bool
+) -> dict[str, Any]:
     if kind == "chat.completion":
         key = "message" if whole else "delta"
         body = (
             {"role": "assistant", "content": text} if whole else ({"content": text} if text else {})
         )
-        return {"index": 0, key: body, "finish_reason": finish}
-    return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+        return {"index": 0, key: body, "logprobs": logprobs, "finish_reason": finish}
+    return {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
 
 
 class _Stream:
     """A request's text as it streams, cut at the first stop string (which is not sent, as
     OpenAI does); text that could still become a stop string is held back until it cannot."""
 
-    def __init__(self, handle: RequestHandle, stops: list[str]) -> None:
-        self.handle, self.stops = handle, stops
+    def __init__(
+        self, handle: RequestHandle, stops: list[str], logprobs: Logprobs | None = None
+    ) -> None:
+        self.handle, self.stops, self._format = handle, stops, logprobs
         self.stopped = False
         self.stamp_s = 0.0  # when the engine stamped the newest token read
         self.tokens_read = 0
+        self._logprobs: list[tuple[int, TokenLogprob]] = []  # read, not yet taken
 
     async def __aiter__(self) -> AsyncIterator[str]:
         held = ""
         async for piece in self.handle:
             held += piece.text
             self.stamp_s = piece.time_s
-            self.tokens_read += piece.token is not None
+            if piece.token is not None:
+                self.tokens_read += 1
+                if piece.logprob is not None:
+                    self._logprobs.append((piece.token, piece.logprob))
             if self.stops:
                 cut = min((held.find(s) for s in self.stops if s in held), default=-1)
                 if cut >= 0:
                     self.stopped = True
-                    self.handle.cancel()
+                    self.handle.finish(self.tokens_read)
                     yield held[:cut]
                     return
                 keep = max((len(s) - 1 for s in self.stops), default=0)
@@ -195,10 +209,19 @@ class _Stream:
                 held = ""
         yield held
 
+    def logprobs(self) -> dict[str, Any] | None:
+        """The log-probabilities of the tokens read since the last call, in the endpoint's
+        shape (None where the request did not ask): those of every token the answer
+        counts (`usage`), the one that completed a stop string included."""
+        if self._format is None:
+            return None
+        taken, self._logprobs = self._logprobs, []
+        return self._format(taken)
+
     def usage(self) -> dict[str, Any]:
         """As `usage`, the answer's tokens counted to the one that completed its stop
-        string: the engine may have sampled more before the cancel reached it, a number that
-        would differ from run to run."""
+        string: the engine may have sampled more before the finish reached it, a number
+        that would differ from run to run."""
         counts = usage(self.handle.request)
         if self.stopped:
             counts["completion_tokens"] = self.tokens_read
@@ -225,7 +248,7 @@ class _Whole(_Stream):
     its calls (a call's arguments are only known valid once the call has ended)."""
 
     def __init__(self, handle: RequestHandle, stream: _Stream, tools: ToolUse) -> None:
-        super().__init__(handle, stream.stops)
+        super().__init__(handle, stream.stops, stream._format)
         self.tools = tools
         self.calls: list[dict[str, Any]] = []
 
@@ -236,3 +259,40 @@ class _Whole(_Stream):
 
     def finish_reason(self) -> str:
         return "tool_calls" if self.calls else super().finish_reason()
+
+
+class Logprobs:
+    """Tokens' log-probabilities in the shape of the endpoint's choices: chat's
+    `logprobs.content` entries, or the completions API's parallel lists (whose
+    `text_offset` counts characters from the start of the answer, across chunks)."""
+
+    def __init__(self, kind: str, token_bytes: Callable[[int], bytes]) -> None:
+        self.chat = kind == "chat.completion"
+        self._bytes = token_bytes
+        self._offset = 0
+
+    def __call__(self, entries: list[tuple[int, TokenLogprob]]) -> dict[str, Any]:
+        if self.chat:
+            content = [
+                {**self._token(t, lp.logprob), "top_logprobs": [self._token(*a) for a in lp.top]}
+                for t, lp in entries
+            ]
+            return {"content": content, "refusal": None}
+        texts = [self._text(t) for t, _ in entries]
+        offsets = []
+        for text in texts:
+            offsets.append(self._offset)
+            self._offset += len(text)
+        return {
+            "tokens": texts,
+            "token_logprobs": [lp.logprob for _, lp in entries],
+            "top_logprobs": [{self._text(a): v for a, v in lp.top} for _, lp in entries],
+            "text_offset": offsets,
+        }
+
+    def _text(self, token: int) -> str:
+        return self._bytes(token).decode("utf-8", errors="replace")
+
+    def _token(self, token: int, logprob: float) -> dict[str, Any]:
+        raw = self._bytes(token)
+        return {"token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}

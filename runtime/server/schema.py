@@ -3,7 +3,7 @@
 Every field is bounded: numbers finite and within limits, strings and lists of a bounded
 length, content parts typed, so no body reaches the engine with a value it cannot take.
 Unknown fields are ignored, as OpenAI-compatible servers do (clients send `user`,
-`logprobs: false` and others); fields with a value this server cannot honour (n > 1) are
+`store` and others); fields with a value this server cannot honour (n > 1) are
 refused with a 400 that names them.
 """
 
@@ -15,7 +15,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
-from edgeprefill.runtime.core.request import OutputFormat, RequestClass, SamplingParams
+from edgeprefill.runtime.core.request import (
+    MAX_TOP_LOGPROBS,
+    OutputFormat,
+    RequestClass,
+    SamplingParams,
+)
 
 MAX_TOKENS_DEFAULT = 256
 # Bounds that no real request comes near; the context and the body size bind first.
@@ -161,10 +166,6 @@ class Generation(Strict):
     JSON (fitting the schema) whatever the model."""
     seed: int | None = Field(default=None, ge=0, le=(1 << 63) - 1)
     """OpenAI's 64-bit seed; none: a random one, so two requests alike differ."""
-    logprobs: bool | int | None = None
-    """Not returned yet: refused unless false, 0 or null."""
-    top_logprobs: int | None = None
-    """Not returned yet: refused unless 0 or null."""
     stop: StopText | Stops | None = None
     """Text that ends the answer (not included)."""
     n: int = Field(default=1, ge=1, le=1)
@@ -194,13 +195,6 @@ class Generation(Strict):
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
-    @field_validator("logprobs", "top_logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: bool | int | None) -> bool | int | None:
-        if value:
-            raise ValueError("this server does not return log probabilities yet; leave it out")
-        return value
-
     @field_validator("logit_bias")
     @classmethod
     def _bias_by_token(cls, biases: dict[str, float] | None) -> dict[str, float] | None:
@@ -225,7 +219,13 @@ class Generation(Strict):
             repeat_penalty=self.repeat_penalty,
             logit_bias=tuple((int(t), b) for t, b in (self.logit_bias or {}).items()),
             output_format=None if fmt is None else fmt.output_format(),
+            logprobs=self.logprobs_asked,
         )
+
+    @property
+    def logprobs_asked(self) -> int | None:
+        """None: no log-probabilities; k: each token's and its k likeliest alternatives'."""
+        return None
 
     @property
     def include_usage(self) -> bool:
@@ -270,6 +270,10 @@ class ChatRequest(Generation):
     """Several calls in one answer (false: at most one)."""
     functions: list[JsonValue] | None = Field(default=None, max_length=MAX_MESSAGES)
     """OpenAI's older tools: refused unless empty (send tools)."""
+    logprobs: bool | None = None
+    """Each answer token's log-probability, in `choices[].logprobs.content`."""
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    """With `logprobs`: that many likeliest tokens at each position too."""
 
     @model_validator(mode="after")
     def _tools_named(self) -> ChatRequest:
@@ -283,16 +287,31 @@ class ChatRequest(Generation):
             raise ValueError(f'tool_choice "{choice}" needs tools')
         if self.calls_tools and self.response_format and self.response_format.type != "text":
             raise ValueError("give tools or a response_format, not both")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        if self.calls_tools and self.logprobs:
+            raise ValueError("logprobs are given for text answers, not tool calls: leave one out")
         return self
 
     @property
     def calls_tools(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
 
+    @property
+    def logprobs_asked(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 class CompletionRequest(Generation):
     prompt: Text | TokenIds
     """Text, or token ids as they are."""
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    """Each answer token's log-probability and that many likeliest tokens' (0: only its
+    own), in `choices[].logprobs`."""
+
+    @property
+    def logprobs_asked(self) -> int | None:
+        return self.logprobs
 
     @model_validator(mode="after")
     def _not_empty(self) -> CompletionRequest:

@@ -15,7 +15,7 @@ import numpy as np
 
 from edgeprefill.runtime.core.contract import Tokenizer
 from edgeprefill.runtime.core.errors import UserError
-from edgeprefill.runtime.core.request import Request, SamplingParams
+from edgeprefill.runtime.core.request import Request
 from edgeprefill.runtime.traffic.arrivals import arrival_times
 from edgeprefill.runtime.traffic.prompts import PromptBuilder
 from edgeprefill.runtime.traffic.workload import (
@@ -92,8 +92,6 @@ def _stream(
             n_prompt = _draw(spec.tokens, lengths)
             prompt = builder.build(spec, int(row.get("prompt_tokens", n_prompt)), text)
         n_out = int(row.get("output_tokens", _draw(stream.output_tokens, lengths)))
-        s = stream.sampling
-        sample_seed = s.seed if s.seed is not None else (seed * 1_000_003 + i) & 0xFFFFFFFF
         requests.append(
             Request(
                 id=f"{name}-{i}",
@@ -101,7 +99,7 @@ def _stream(
                 arrival_s=math.inf if a.t_s is None else a.t_s,
                 prompt=prompt,
                 max_tokens=n_out,
-                sampling=SamplingParams(s.temperature, s.top_p, sample_seed),
+                sampling=stream.sampling.params((seed * 1_000_003 + i) & 0xFFFFFFFF),
                 ignore_eos=stream.ignore_eos,
                 after=None if a.after is None else f"{name}-{a.after}",
                 think_s=a.think_s,

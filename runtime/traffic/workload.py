@@ -6,6 +6,7 @@ the key path as written in the file, what was wrong, and what is allowed.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
@@ -14,6 +15,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    JsonValue,
     PrivateAttr,
     ValidationError,
     ValidationInfo,
@@ -21,7 +23,7 @@ from pydantic import (
 )
 
 from edgeprefill.runtime.core.errors import UserError
-from edgeprefill.runtime.core.request import DEFAULT_TTFT_SLOWDOWN
+from edgeprefill.runtime.core.request import DEFAULT_TTFT_SLOWDOWN, OutputFormat, SamplingParams
 from edgeprefill.runtime.traffic.trace_file import MAX_TOKENS
 
 
@@ -224,6 +226,16 @@ class Sampling(_Strict):
     temperature: float = Field(default=0.0, ge=0)  # 0: greedy
     top_p: float = Field(default=1.0, gt=0, le=1)
     seed: int | None = Field(default=None, ge=0)  # None: derived from the workload seed
+    # The answer is JSON fitting this JSON Schema (OpenAI's `response_format` json_schema),
+    # sampled under its grammar: what a structured-output client costs the scheduler.
+    json_schema: dict[str, JsonValue] | None = None
+
+    def params(self, derived_seed: int) -> SamplingParams:
+        """A request's sampling: the stream's seed if it gives one, else `derived_seed`
+        (one per request, from the workload's seed)."""
+        fmt = None if self.json_schema is None else OutputFormat(json.dumps(self.json_schema))
+        seed = self.seed if self.seed is not None else derived_seed
+        return SamplingParams(self.temperature, self.top_p, seed, output_format=fmt)
 
 
 class Stream(_Strict):
@@ -291,6 +303,11 @@ class Stream(_Strict):
                     "arrivals.conversation needs a text prompt (each turn's question is "
                     f"generated text), not {self.prompt.source}"
                 )
+        if self.ignore_eos and self.sampling.json_schema is not None:
+            raise ValueError(
+                "sampling.json_schema with ignore_eos: a JSON answer ends where its grammar "
+                "does; drop ignore_eos"
+            )
         return self
 
 
