@@ -35,3 +35,47 @@ def test_a_remote_reference_is_not_fetched():
     schema = {"$ref": "https://example.com/schema.json"}
     with pytest.raises(ValueError, match="cannot be enforced"):
         output_grammar(OutputFormat(json.dumps(schema)))
+
+
+@pytest.mark.slow
+def test_a_greedy_answer_under_a_grammar_is_the_one_the_whole_vocabularys_pass_gives(
+    make_backend, monkeypatch
+):
+    """Where the grammar rejects the likeliest token, a greedy sampler checks the next
+    likeliest in order instead of filtering the 262k-token vocabulary: the same tokens,
+    with a bias and a penalty in the chain too."""
+    from edgeprefill.backends.llamacpp import native
+    from edgeprefill.runtime import Runtime
+    from edgeprefill.runtime.core.request import SamplingParams
+
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 30}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    fmt = OutputFormat(json.dumps(schema))
+    be = make_backend(n_seq_max=2)
+    prompt = be.tokenizer.encode("Ada, 36, as JSON:", add_bos=True, special=False)
+    samplings = [
+        SamplingParams(output_format=fmt),
+        SamplingParams(output_format=fmt, logit_bias=((236782, -5.0),), frequency_penalty=0.5),
+    ]
+    found = []
+    likeliest = native._GrammarCheck._likeliest_allowed
+
+    def counted(self):
+        found.append(likeliest(self))
+        return found[-1]
+
+    def answers() -> list[list[int]]:
+        with Runtime(be, "static:64") as rt:
+            handles = [rt.submit(prompt, max_tokens=40, sampling=s) for s in samplings]
+            return [h.result(timeout=300).output for h in handles]
+
+    monkeypatch.setattr(native._GrammarCheck, "_likeliest_allowed", counted)
+    fast = answers()
+    assert any(t is not None for t in found)  # the block search answered
+    monkeypatch.setattr(native._GrammarCheck, "_likeliest_allowed", lambda self: None)
+    assert answers() == fast
+    for output in fast:
+        json.loads(be.tokenizer.decode(output))  # within 40 tokens, the grammar ended it

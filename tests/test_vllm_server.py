@@ -94,9 +94,9 @@ def test_a_chat_streams_on_vllm_while_a_document_is_indexed_and_asked_about(vllm
 
 
 def test_json_log_probabilities_and_a_stop_string_on_vllm(vllm_backend):
-    """What assistants' clients ask beyond text, on vLLM: JSON fitting a schema (vLLM's
-    structured outputs), log-probabilities, and a stop string that ends a request as
-    completed."""
+    """What assistants' clients ask beyond text, on vLLM: JSON fitting a schema and a tool
+    call (vLLM's structured outputs), log-probabilities, and a stop string that ends a
+    request as completed."""
     jsonschema = pytest.importorskip("jsonschema")
     schema = {
         "type": "object",
@@ -111,6 +111,15 @@ def test_json_log_probabilities_and_a_stop_string_on_vllm(vllm_backend):
         reply = c.chat.completions.create(**ask, max_tokens=32, response_format=fmt)
         jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
         assert reply.choices[0].finish_reason == "stop"
+        tool = {"type": "function", "function": {"name": "go", "parameters": schema}}
+        called = c.chat.completions.create(
+            **ask, max_tokens=48, tools=[tool], tool_choice="required", parallel_tool_calls=False
+        ).choices[0]
+        assert (
+            called.finish_reason == "tool_calls"
+            and called.message.tool_calls[0].function.name == "go"
+        )
+        jsonschema.validate(json.loads(called.message.tool_calls[0].function.arguments), schema)
         scored = c.chat.completions.create(**ask, max_tokens=6, logprobs=True, top_logprobs=2)
         content = scored.choices[0].logprobs.content
         assert len(content) == scored.usage.completion_tokens == 6
@@ -126,7 +135,7 @@ def test_json_log_probabilities_and_a_stop_string_on_vllm(vllm_backend):
         assert cut.choices[0].text == text[: text.index(stop)]
         assert cut.choices[0].finish_reason == "stop"
         deadline = time.monotonic() + 30
-        done = 'edgeprefill_requests_ended_total{cls="foreground",outcome="completed"} 4.0'
+        done = 'edgeprefill_requests_ended_total{cls="foreground",outcome="completed"} 5.0'
         while done not in (m := httpx.get(f"{base}/metrics", headers=AUTH).text):
             assert time.monotonic() < deadline, m
             time.sleep(0.05)
