@@ -113,7 +113,7 @@ def test_json_log_probabilities_and_a_stop_string_on_vllm(vllm_backend):
         assert reply.choices[0].finish_reason == "stop"
         tool = {"type": "function", "function": {"name": "go", "parameters": schema}}
         called = c.chat.completions.create(
-            **ask, max_tokens=48, tools=[tool], tool_choice="required", parallel_tool_calls=False
+            **ask, max_tokens=400, tools=[tool], tool_choice="required", parallel_tool_calls=False
         ).choices[0]
         assert (
             called.finish_reason == "tool_calls"

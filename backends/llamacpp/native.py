@@ -439,9 +439,11 @@ class LlamaSampler(Native):
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
 
-# Candidates a greedy sampler's grammar checks at once, likeliest first, where it rejected
-# the likeliest token: a few hundred cover the tokens a model asked for JSON considers.
-_BLOCK = 256
+# Candidates a greedy sampler's grammar checks, likeliest first, where it rejected the
+# likeliest token: a few hundred cover what a model asked for JSON considers, a few
+# thousand most of what is left (a closing quote the model does not want yet); the grammar's
+# time grows with the candidates it checks.
+_BLOCKS = (256, 4096)
 
 
 class _GrammarCheck(Native):
@@ -452,9 +454,9 @@ class _GrammarCheck(Native):
     2-core Zen 3 (one run), and a model asked for JSON mostly writes what it allows.
 
     A greedy chain's token is the likeliest the grammar allows, so where the grammar
-    rejected its first choice it checks the next likeliest in blocks (`_BLOCK`), in order,
-    and only filters the whole vocabulary where none of the first block passes: the same
-    token, without the whole vocabulary's pass (that pass put a chat's P99 host time per
+    rejected its first choice it checks the likeliest candidates (`_BLOCKS`), in order,
+    and only filters the whole vocabulary where none of them passes: the same token,
+    without the whole vocabulary's pass (that pass put a chat's P99 host time per
     iteration at 130 ms beside documents, and its P99 token gap at x1.6 of unconstrained
     chats', benchmarks/history.md section AL)."""
 
@@ -467,8 +469,7 @@ class _GrammarCheck(Native):
         self.n_vocab, self.greedy = n_vocab, greedy
         self.one = np.zeros(1, _TOKEN_DATA)
         self._one = self._array(self.one)
-        self.block = np.zeros(min(_BLOCK, n_vocab), _TOKEN_DATA)
-        self._block = self._array(self.block)
+        self.blocks = [np.zeros(min(n, n_vocab), _TOKEN_DATA) for n in _BLOCKS]
 
     @staticmethod
     @functools.cache
@@ -505,19 +506,21 @@ class _GrammarCheck(Native):
         return int(array.data[array.selected].id)  # a sampler may have moved the data
 
     def _likeliest_allowed(self) -> int | None:
-        """Among the block of candidates the greedy chain just scored highest (its logit
-        bias and penalties applied, in the scratch array), the first the grammar allows, in
-        the greedy sampler's order (highest logit, then lowest id); None if none is."""
+        """Among the candidates the greedy chain just scored highest (its logit bias and
+        penalties applied, in the scratch array), the first the grammar allows, in the
+        greedy sampler's order (highest logit, then lowest id); None if none is."""
         _, data, _ = self._scratch(self.n_vocab)
-        logits, n = data["logit"], len(self.block)
-        top = np.argpartition(-logits, n - 1)[:n] if n < len(logits) else np.arange(n)
-        top = top[np.lexsort((data["id"][top], -logits[top]))]
-        block, array = self.block, self._block
-        block["id"], block["logit"], block["p"] = data["id"][top], logits[top], 0.0
-        array.size, array.selected, array.sorted = n, -1, False
-        lc.llama_sampler_apply(self.ptr, ctypes.byref(array))
-        allowed = np.flatnonzero(np.isfinite(block["logit"]))
-        return int(block["id"][allowed[0]]) if len(allowed) else None
+        logits = data["logit"]
+        for block in self.blocks:
+            n = len(block)
+            top = np.argpartition(-logits, n - 1)[:n] if n < len(logits) else np.arange(n)
+            top = top[np.lexsort((data["id"][top], -logits[top]))]
+            block["id"], block["logit"], block["p"] = data["id"][top], logits[top], 0.0
+            lc.llama_sampler_apply(self.ptr, ctypes.byref(self._array(block)))
+            allowed = np.flatnonzero(np.isfinite(block["logit"]))
+            if len(allowed):
+                return int(block["id"][allowed[0]])
+        return None
 
     def _allows(self, token: int) -> bool:
         one, array = self.one, self._one
