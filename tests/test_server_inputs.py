@@ -217,8 +217,10 @@ def _from_schema(
     if kind == "array":
         items = of(schema.get("items", {}))
         typed = st.lists(items, min_size=int(clean), max_size=6)
-        if not clean:  # past a list's bound, or the context's
-            typed |= items.map(lambda item: [item] * 5000)
+        if not clean:  # past a list's bound, or the context's, one list at a time: nested,
+            # 5000 messages of 5000 tool calls each made 24 GB of client-side objects
+            within = _from_schema(schema.get("items", {}), components, clean=True)
+            typed |= within.map(lambda item: [item] * 5000)
     elif kind == "integer":
         lo = int(schema.get("minimum", 0))
         hi = int(schema.get("maximum", lo + 200))
