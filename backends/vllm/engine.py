@@ -230,8 +230,7 @@ class VllmEngine:
         if self._live.pop(req.id, None) is None:
             return False
         self._end(req, None)
-        del req.output[kept:], req.token_times_s[kept:], req.logprobs[kept:]
-        req.finish_reason, req.status = "stop", Status.FINISHED
+        req.stop_after(kept)
         return True
 
     def abort(self, reason: str) -> list[Request]:

@@ -168,6 +168,11 @@ class Request:
             self.prompt = before.prompt + answer + self.prompt
             self.prompt_len = len(self.prompt)
 
+    def stop_after(self, kept: int) -> None:
+        """Finished at a stop its reader found: the answer is its first `kept` tokens."""
+        del self.output[kept:], self.token_times_s[kept:], self.logprobs[kept:]
+        self.finish_reason, self.status = "stop", Status.FINISHED
+
     def fail(self, reason: str) -> None:
         self.status = Status.FAILED
         self.error = reason

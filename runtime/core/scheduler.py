@@ -351,8 +351,7 @@ class Scheduler:
         if req.done or req not in self.running:
             return False
         self._retire(req)
-        del req.output[kept:], req.token_times_s[kept:], req.logprobs[kept:]
-        req.finish_reason, req.status = "stop", Status.FINISHED
+        req.stop_after(kept)
         return True
 
     def abort(self, reason: str) -> list[Request]:
