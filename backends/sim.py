@@ -104,8 +104,13 @@ class SimTokenizer:
     def chat_parts(self, system: str | None) -> tuple[str, str]:
         return ((system + "\n\n" if system else "") + "User: ", "\nAssistant:")
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
+    def render_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
         return plain_transcript(messages)
+
+    def tagged_tool_calls(self) -> bool:
+        return False
 
     def piece(self, token: int) -> bytes:
         return f" w{token}".encode()

@@ -50,10 +50,10 @@ def client(make_backend):
 
 
 def test_an_answer_cut_short_keeps_the_calls_it_completed():
+    from edgeprefill.runtime.server.json_tools import JsonTools
     from edgeprefill.runtime.server.schema import Tool
-    from edgeprefill.runtime.server.tools import ToolUse
 
-    tools = ToolUse((Tool.model_validate(WEATHER),), "required", parallel=True)
+    tools = JsonTools((Tool.model_validate(WEATHER),), "required", parallel=True)
     call = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
     content, calls = tools.answer(f'{{"tool_calls": [{call}, {call}, {{"name": "get_w')
     assert content is None and [c["function"]["name"] for c in calls] == ["get_weather"] * 2

@@ -247,7 +247,7 @@ class LlamaCppBackend(Backend):
         computed with the shapes its probe found bit-identical)."""
         s = self.settings
         return {
-            "model": model_identity(path),
+            "model": model_identity(self.model, path),
             "llama_cpp": lc.__version__,
             "flash_attn": s.flash_attn,
             "kv_unified": self.config.kv_unified,

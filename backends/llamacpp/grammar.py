@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 import re
 from functools import lru_cache
+from typing import Any
 
-from llama_cpp.llama_grammar import json_schema_to_gbnf
+from llama_cpp import llama_grammar
 
 from edgeprefill.runtime.core.request import OutputFormat
 
@@ -33,16 +34,18 @@ QUANTIFIER = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
 MAX_GRAMMAR_BYTES = 1 << 20
 LOOSE_CHAR = 'char ::= [^"\\\\] |'
 JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
+# llama-cpp-python's converter, untyped; its rule naming keeps added rules' names unique.
+SchemaConverter: Any = llama_grammar.SchemaConverter
 
 
 @lru_cache(maxsize=64)
 def output_grammar(output_format: OutputFormat) -> str:
     """The GBNF whose root rule the output must match. ValueError naming the problem where
     the schema cannot be turned into one."""
-    schema = output_format.schema or ANY_OBJECT
-    _check_bounds(json.loads(schema))
+    schema = json.loads(output_format.schema or ANY_OBJECT)
+    _check_bounds(schema)
     try:
-        grammar = json_schema_to_gbnf(schema).replace(LOOSE_CHAR, JSON_CHAR)
+        grammar = _convert(schema, output_format).replace(LOOSE_CHAR, JSON_CHAR)
     except (
         ValueError,
         KeyError,
@@ -58,6 +61,35 @@ def output_grammar(output_format: OutputFormat) -> str:
             f"{MAX_GRAMMAR_BYTES:,}: simplify it"
         )
     return grammar
+
+
+def _convert(schema: object, output_format: OutputFormat) -> str:
+    """The converter's grammar for the schema (llama-cpp-python's `json_schema_to_gbnf`,
+    with the JSON under a rule of its own where a tag is written around it)."""
+    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    schema = converter.resolve_refs(schema, "stdin")
+    tag = output_format.tag
+    if tag is None:
+        converter.visit(schema, "")  # the root rule
+        return str(converter.format_grammar())
+    value = converter.visit(schema, "tagged")  # "root" stays free: its name is not ""
+    one = f'"<{tag}>\\n" {value} "\\n</{tag}>"'
+    tagged = f'{one} ("\\n" {one})*' if output_format.repeat else one
+    if output_format.or_text:
+        text = converter._add_rule("untagged", _not_opening_with(f"<{tag}>"))
+        tagged = f"({tagged}) | {text}"
+    converter._add_rule("root", tagged)
+    return str(converter.format_grammar())
+
+
+def _not_opening_with(word: str) -> str:
+    """GBNF for any text that does not begin with `word` (the empty text included): it
+    leaves the word at some character, or ends before the word does. `word` is ASCII
+    without quotes or backslashes."""
+    rest = ""
+    for ch in reversed(word):
+        rest = f'([^{ch}] [^\\x00]* | "{ch}" {rest})?' if rest else f"([^{ch}] [^\\x00]*)?"
+    return rest
 
 
 def _check_bounds(schema: object) -> None:

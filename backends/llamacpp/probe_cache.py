@@ -45,16 +45,17 @@ def _cpu() -> tuple[str, str]:
     return name, flags
 
 
-def model_identity(path: Path) -> str:
-    """Size plus a hash of the file's first and last MiB: tells model files apart without
-    reading all of them."""
+def model_identity(model: LlamaModel, path: Path) -> str:
+    """The weights: their description, bytes and parameters, and a hash of the file's last
+    MiB (tensor data), without reading the whole file. Not the metadata at the file's
+    start: a chat template set on a copy of the weights changes no measured shape and no
+    saved state's meaning."""
     size = path.stat().st_size
-    h = hashlib.sha256(str(size).encode())
     with path.open("rb") as f:
-        h.update(f.read(1 << 20))
         f.seek(max(0, size - (1 << 20)))
-        h.update(f.read())
-    return f"{size}:{h.hexdigest()[:16]}"
+        tail = hashlib.sha256(f.read()).hexdigest()[:16]
+    weights = lc.llama_model_size(model.ptr), lc.llama_model_n_params(model.ptr)
+    return f"{model.description()}:{weights[0]}:{weights[1]}:{tail}"
 
 
 def probe_key(model: LlamaModel, path: Path, n_threads: int, kv_unified: bool) -> dict[str, Any]:
@@ -65,7 +66,7 @@ def probe_key(model: LlamaModel, path: Path, n_threads: int, kv_unified: bool) -
         "cpu_flags": hashlib.sha256(flags.encode()).hexdigest()[:16],
         "llama_cpp": lc.__version__,
         "ggml_features": lc.llama_print_system_info().decode(errors="replace").strip(),
-        "model": model_identity(path),
+        "model": model_identity(model, path),
         "n_threads": n_threads,
         "kv_unified": kv_unified,
         "weights_repacked": model.repacked,

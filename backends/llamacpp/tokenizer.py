@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import ctypes
+import functools
+from typing import Any
 
+import jinja2
 import llama_cpp as lc
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from edgeprefill.backends.llamacpp.native import LlamaModel
 from edgeprefill.runtime.core.contract import plain_transcript
@@ -54,26 +58,50 @@ class LlamaTokenizer:
         before, _, after = self.render_chat(messages).partition(_USER_MARK)
         return before, after
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
+    @functools.cached_property
+    def _template(self) -> Jinja2ChatFormatter | None:
+        """The model's Jinja chat template, compiled once, rendered in Jinja's sandbox as
+        llama-server's `--jinja`, vLLM and transformers render it: the template is code
+        from the model file, and a sandbox keeps it from reaching the server's objects."""
+        source = self._model.chat_template()
+        if source is None:
+            return None
+        vocab = self._vocab
+        bos, eos = lc.llama_vocab_bos(vocab), lc.llama_vocab_eos(vocab)
+        return Jinja2ChatFormatter(
+            source.decode(errors="replace"), eos_token=self._text(eos), bos_token=self._text(bos)
+        )
+
+    def _text(self, token: int) -> str:
+        """A token's text, control tokens' included ("<bos>"), as a template writes them."""
+        if token < 0:
+            return ""
+        buf = ctypes.create_string_buffer(256)
+        n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+        return buf.raw[: max(n, 0)].decode(errors="replace")
+
+    def tagged_tool_calls(self) -> bool:
+        """The template lists tools and reads calls between <tool_call> tags (Hermes 2
+        Pro, Qwen 2.5 and 3, as llama.cpp's chat formats detect them)."""
+        source = self._model.chat_template() or b""
+        return b"<tool_call>" in source and b"tools" in source
+
+    def render_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
         """A conversation in the model's own chat template, ending where the assistant's
-        answer starts; a base model without a template gets a plain transcript."""
-        self._vocab  # noqa: B018 (the check that the model is loaded)
-        template = self._model.chat_template()
+        answer starts; a base model without a template gets a plain transcript. The
+        beginning-of-text token a template writes is left to `encode(add_bos=True)`, which
+        adds it once. ValueError where the template refuses the conversation (roles out of
+        order, a tool result without its call)."""
+        template = self._template
         if template is None:
             return plain_transcript(messages)
-        keep = [(m["role"].encode(), m["content"].encode()) for m in messages]  # alive
-        chat = (lc.llama_chat_message * len(keep))(
-            *(lc.llama_chat_message(role=r, content=c) for r, c in keep)
-        )
-        size = 4096 + sum(len(c) for _, c in keep)
-        buf = ctypes.create_string_buffer(size)
-        n = lc.llama_chat_apply_template(template, chat, len(keep), True, buf, size)
-        if n > size:
-            buf = ctypes.create_string_buffer(n)
-            n = lc.llama_chat_apply_template(template, chat, len(keep), True, buf, n)
-        if n < 0:
-            raise RuntimeError("llama.cpp could not apply the model's chat template")
-        return buf.raw[:n].decode()
+        try:
+            text = template(messages=messages, tools=tools).prompt  # type: ignore[arg-type]
+        except (jinja2.TemplateError, ValueError, TypeError) as e:
+            raise ValueError(f"the model's chat template refused the conversation: {e}") from None
+        return text.removeprefix(template.bos_token) if template.bos_token else text
 
     def piece(self, token: int) -> bytes:
         """The bytes a token stands for (a character may span several tokens)."""

@@ -56,13 +56,20 @@ class HFTokenizer:
         before, _, after = self.render_chat(messages).partition(_USER_MARK)
         return before, after
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
+    def render_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
         if not self._tok.chat_template:
             return plain_transcript(messages)
         text: str = self._tok.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
+            messages, tools=tools, tokenize=False, add_generation_prompt=True
         )
         return text
+
+    def tagged_tool_calls(self) -> bool:
+        """False: the engine holds an answer to a JSON schema through vLLM's structured
+        outputs, not to JSON between tags, so tools take the generic JSON format here."""
+        return False
 
     def piece(self, token: int) -> bytes:
         """A token's text; none for a special token (end of text, a turn's marker), as

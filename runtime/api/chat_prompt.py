@@ -6,6 +6,8 @@ control tokens, unless `parse_special` says the caller's text may carry them too
 
 from __future__ import annotations
 
+from typing import Any
+
 from edgeprefill.runtime.core.contract import Tokenizer, plain_transcript
 
 _MARK = "\x1eEDGEPREFILL_MESSAGE_{}\x1e"
@@ -23,22 +25,29 @@ def turn_stops(tokenizer: Tokenizer) -> list[str]:
 
 
 def encode_chat(
-    tokenizer: Tokenizer, messages: list[dict[str, str]], parse_special: bool = False
+    tokenizer: Tokenizer,
+    messages: list[dict[str, Any]],
+    parse_special: bool = False,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
     """The template is rendered around markers in place of each message's content. The
     control tokens of the template's pieces are kept as ids; the text between them, the
     template's and the messages' alike, is tokenized as plain text, each run whole: so a
     prompt without control strings in its messages gets exactly the ids of the whole
-    rendered text."""
+    rendered text. An empty content stays empty (a template tests it: an assistant turn
+    that only calls tools)."""
     if parse_special:
-        return tokenizer.encode(tokenizer.render_chat(messages), add_bos=True, special=True)
-    marks = [_MARK.format(i) for i in range(len(messages))]
+        text = tokenizer.render_chat(messages, tools)
+        return tokenizer.encode(text, add_bos=True, special=True)
+    marks = [_MARK.format(i) if m["content"] else "" for i, m in enumerate(messages)]
     rest = tokenizer.render_chat(
-        [{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)]
+        [{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)], tools
     )
     ids = tokenizer.encode("", add_bos=True, special=True)
     text = ""  # the plain text since the last control token
     for message, mark in zip(messages, marks, strict=True):
+        if not mark:
+            continue
         before, found, after = rest.partition(mark)
         if found:  # (a template may leave a message out: an empty system turn)
             text = _template(tokenizer, before, text, ids) + message["content"]

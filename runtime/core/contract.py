@@ -116,9 +116,17 @@ class Tokenizer(Protocol):
         """The model's chat template around one user message: (text before, text after)."""
         ...
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        """A conversation ({role, content} messages) in the model's chat template, ending
-        where the assistant's answer starts."""
+    def render_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        """A conversation ({role, content} messages, and an assistant's `tool_calls`) in
+        the model's chat template, ending where the assistant's answer starts; `tools`
+        (OpenAI's function tools) where `tagged_tool_calls()` says the template takes them."""
+        ...
+
+    def tagged_tool_calls(self) -> bool:
+        """The chat template describes `tools` itself and reads calls written between
+        <tool_call> tags, and this backend can hold an answer to that form."""
         ...
 
     def piece(self, token: int) -> bytes:
@@ -132,7 +140,7 @@ class Tokenizer(Protocol):
     def is_eog(self, token: int) -> bool: ...
 
 
-def plain_transcript(messages: list[dict[str, str]]) -> str:
+def plain_transcript(messages: list[dict[str, Any]]) -> str:
     """A conversation as plain text a base model (one without a chat template) continues."""
     parts = []
     for m in messages:

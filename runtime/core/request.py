@@ -27,10 +27,16 @@ DEFAULT_TTFT_SLOWDOWN: dict[RequestClass, float | None] = {
 class OutputFormat:
     """What the output must be, enforced while sampling (OpenAI's `response_format`): any
     JSON object (`schema` None), or JSON that fits `schema` (a JSON Schema, as JSON text).
-    Each backend turns it into its own constraint: a grammar on llama.cpp, vLLM's
-    structured outputs on vLLM."""
+    With a `tag`, the JSON is written between `<tag>` and `</tag>` lines, once or, with
+    `repeat`, once or more (tool calls in a Hermes-style template's form), and with
+    `or_text` the answer may instead be any text that does not open with `<tag>` (a
+    reply where calls are optional). Each backend turns it into its own constraint: a
+    grammar on llama.cpp, vLLM's structured outputs on vLLM (JSON alone)."""
 
     schema: str | None = None
+    tag: str | None = None
+    repeat: bool = False
+    or_text: bool = False
 
 
 # OpenAI's bound on `top_logprobs`; llama-server and vLLM take more, clients ask for a few.

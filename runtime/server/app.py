@@ -42,10 +42,12 @@ from edgeprefill.runtime.server.connections import Deadlines
 from edgeprefill.runtime.server.documents import Documents
 from edgeprefill.runtime.server.errors import ApiError, add_error_handlers
 from edgeprefill.runtime.server.guard import Guard
+from edgeprefill.runtime.server.json_tools import JsonTools
 from edgeprefill.runtime.server.metrics import ServerMetrics
 from edgeprefill.runtime.server.responses import respond
 from edgeprefill.runtime.server.schema import ChatRequest, CompletionRequest, DocumentRequest
-from edgeprefill.runtime.server.tools import ToolUse, conversation
+from edgeprefill.runtime.server.tagged_tools import TaggedTools
+from edgeprefill.runtime.server.tools import ToolUse
 
 T = TypeVar("T")
 
@@ -138,6 +140,10 @@ class Routes:
         self.documents = Documents(options.documents_kept)
         self.tokenizer = runtime.backend.tokenizer
         self.turn_stops = turn_stops(self.tokenizer)  # a chat's answer ends with its turn
+        # Tools in the model's own template's form where it has one, else in JSON.
+        self.tool_form: type[ToolUse] = (
+            TaggedTools if self.tokenizer.tagged_tool_calls() else JsonTools
+        )
         # Lowest priority: a 100k-token document is ~0.4 s of a core, which the compute
         # threads beside it would lose (benchmarks/history.md, section E).
         self._workers = {
@@ -194,8 +200,8 @@ class Routes:
     async def chat(self, request: Request) -> Any:
         body = await self.bodies.parse(request, ChatRequest)
         self.admission.check(body)
-        tool_use = ToolUse.of(body)
-        messages = conversation(body.messages, tool_use)
+        tool_use = self.tool_form.of(body)
+        messages = self.tool_form.conversation(body.messages, tool_use)
         self.admission.check_text(sum(len(m["content"]) for m in messages), "messages")
         sampling = await self._off_loop(body.cls, self.admission.sampling, body, tool_use)
         if body.document_id is not None:  # the conversation's words, after the document
@@ -203,7 +209,13 @@ class Routes:
             handle = await self._ask(body, question, sampling)
         else:
             special = self.options.parse_special
-            prompt = await self._off_loop(body.cls, encode_chat, self.tokenizer, messages, special)
+            tools = None if tool_use is None else tool_use.template_tools()
+            try:
+                prompt = await self._off_loop(
+                    body.cls, encode_chat, self.tokenizer, messages, special, tools
+                )
+            except ValueError as e:  # the template's own check of the conversation
+                raise ApiError(400, str(e), param="messages") from None
             handle = self.admission.submit(body, prompt, sampling)
         return await respond(
             body,

@@ -1,26 +1,23 @@
-"""Tool calls in a format any model can follow: the tools are described in the system text,
-and the answer is sampled under a JSON schema that admits only calls to them, with their
-arguments' own schemas (or, with tool_choice "auto", a reply instead), so even a small
-model without a tool-aware template returns a valid call. Earlier calls and their results
-go back into the conversation in the same JSON. This is llama.cpp's former "generic" tool
-format; the server answers in OpenAI's shape (`tool_calls`, `finish_reason: "tool_calls"`).
-"""
+"""How a chat calls tools: the tools offered, the client's choice among them, and what
+each form of calls shares. Two forms: `json_tools` (a JSON object any model can be held
+to, the tools described in the system text) and `tagged_tools` (the model's own template's
+form, where the template knows tools). The server answers in OpenAI's shape either way:
+`tool_calls`, `finish_reason: "tool_calls"`."""
 
 from __future__ import annotations
 
 import json
 import secrets
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from edgeprefill.runtime.core.request import OutputFormat
 from edgeprefill.runtime.server.schema import ChatRequest, Message, NamedTool, Tool
 
-CALLS, REPLY = "tool_calls", "response"
-
 
 @dataclass(frozen=True)
-class ToolUse:
+class ToolUse(ABC):
     """The tools a chat may call, and how: "auto" (a call or a reply), "required" (at
     least one call) or one named function; one call an answer unless `parallel`."""
 
@@ -29,7 +26,7 @@ class ToolUse:
     parallel: bool
 
     @classmethod
-    def of(cls, body: ChatRequest) -> ToolUse | None:
+    def of(cls, body: ChatRequest) -> Self | None:
         if not body.calls_tools:
             return None
         assert body.tools is not None
@@ -40,25 +37,9 @@ class ToolUse:
             return cls(tools, "required", body.parallel_tool_calls)
         return cls(tuple(body.tools), choice, body.parallel_tool_calls)
 
-    def output_format(self) -> OutputFormat:
-        calls = {
-            "type": "object",
-            "properties": {CALLS: self._calls()},
-            "required": [CALLS],
-            "additionalProperties": False,
-        }
-        if self.choice == "required":
-            return OutputFormat(json.dumps(calls, sort_keys=True))
-        reply = {
-            "type": "object",
-            "properties": {REPLY: {"type": "string"}},
-            "required": [REPLY],
-            "additionalProperties": False,
-        }
-        return OutputFormat(json.dumps({"anyOf": [calls, reply]}, sort_keys=True))
-
-    def _calls(self) -> dict[str, Any]:
-        one_of_them = [
+    def call_schemas(self) -> list[dict[str, Any]]:
+        """One JSON Schema per tool for a call to it: its name and its arguments."""
+        return [
             {
                 "type": "object",
                 "properties": {
@@ -70,110 +51,38 @@ class ToolUse:
             }
             for t in self.tools
         ]
-        item = one_of_them[0] if len(one_of_them) == 1 else {"anyOf": one_of_them}
-        return {
-            "type": "array",
-            "items": item,
-            "minItems": 1,
-            **({} if self.parallel else {"maxItems": 1}),
-        }
 
-    def instructions(self) -> str:
-        """What the system text adds: the tools, and the JSON an answer is."""
-        listed = "\n".join(
-            json.dumps(
-                {
-                    "name": t.function.name,
-                    "description": t.function.description,
-                    "parameters": t.function.parameters,
-                }
-            )
-            for t in self.tools
-        )
-        call = f'{{"{CALLS}": [{{"name": "<tool name>", "arguments": {{<its arguments>}}}}]}}'
-        how = f"To call a tool, answer with only this JSON: {call}."
-        if self.choice != "required":
-            how += f' To answer the user yourself, answer with only {{"{REPLY}": "<your answer>"}}.'
-        return f"You can call these tools:\n{listed}\n\n{how}"
+    @staticmethod
+    @abstractmethod
+    def conversation(messages: list[Message], tool_use: ToolUse | None) -> list[dict[str, Any]]:
+        """The messages as the chat template takes them, earlier calls and tools' results
+        in this form (`tool_use` None: the chat offers no tools now)."""
 
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools as the chat template's `tools` variable, where it describes them."""
+        return None
+
+    @abstractmethod
+    def output_format(self) -> OutputFormat:
+        """What the answer is held to while it is sampled."""
+
+    @abstractmethod
     def answer(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
-        """The answer's reply text and its calls, in OpenAI's form. An answer cut by
-        max_tokens keeps the calls it completed (a small model asked for parallel calls
-        can go on calling until its tokens run out); a cut reply is the text as it stands."""
-        try:
-            parsed = json.loads(text)
-        except json.JSONDecodeError:
-            parsed = {CALLS: _complete_calls(text)}
-            if not parsed[CALLS]:
-                return text, []
-        if REPLY in parsed:
-            return str(parsed[REPLY]), []
-        calls = [
-            {
-                "id": f"call_{secrets.token_hex(12)}",
-                "type": "function",
-                "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])},
-            }
-            for c in parsed[CALLS]
-        ]
-        return None, calls
+        """The whole answer's reply text and its calls, in OpenAI's form."""
 
 
-def _complete_calls(text: str) -> list[dict[str, Any]]:
-    """The calls an answer cut short had written whole: it followed the grammar, so it is
-    `{"tool_calls": [` then call objects separated by commas."""
-    if not text.startswith("{") or not text[1:].lstrip().startswith(f'"{CALLS}"'):
-        return []
-    pos, decoder = text.find("[") + 1, json.JSONDecoder()
-    calls: list[dict[str, Any]] = []
-    if pos == 0:
-        return []
-    while True:
-        while pos < len(text) and text[pos] in " ,":
-            pos += 1
-        try:
-            call, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            return calls
-        calls.append(call)
+def openai_call(name: str, args: Any) -> dict[str, Any]:
+    """One call in OpenAI's form: its arguments as JSON text, under a fresh id."""
+    return {
+        "id": f"call_{secrets.token_hex(12)}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(args)},
+    }
 
 
-def conversation(messages: list[Message], tool_use: ToolUse | None) -> list[dict[str, str]]:
-    """The messages as the chat template takes them ({role, content}): a developer message
-    is a system one; an assistant's earlier calls and the tools' results are written in
-    the JSON the model answers in (a tool result as a user turn, which every template
-    knows); the tools' description joins the system text."""
-    out: list[dict[str, str]] = []
-    for m in messages:
-        text = m.text()
-        if m.role == "tool":
-            result = {"tool_call_id": m.tool_call_id, "content": text}
-            out.append({"role": "user", "content": json.dumps({"tool_result": result})})
-        elif m.role == "assistant" and m.tool_calls:
-            calls = [
-                {"name": c.function.name, "arguments": _arguments(c.function.arguments)}
-                for c in m.tool_calls
-            ]
-            out.append(
-                {
-                    "role": "assistant",
-                    "content": (text + "\n" if text else "") + json.dumps({CALLS: calls}),
-                }
-            )
-        else:
-            out.append({"role": "system" if m.role == "developer" else m.role, "content": text})
-    if tool_use is not None:
-        if out and out[0]["role"] == "system":
-            out[0] = {
-                "role": "system",
-                "content": out[0]["content"] + "\n\n" + tool_use.instructions(),
-            }
-        else:
-            out.insert(0, {"role": "system", "content": tool_use.instructions()})
-    return out
-
-
-def _arguments(text: str) -> Any:
+def arguments(text: str) -> Any:
+    """A call's arguments as sent back by a client: JSON text, read (left as the text
+    where it is not JSON)."""
     try:
         return json.loads(text)
     except json.JSONDecodeError:
