@@ -72,3 +72,60 @@ def test_every_metric_a_scrape_shows_is_named_and_nothing_else():
     }
     table = sections()["Metrics (`GET /metrics`)"]
     assert set(re.findall(r"^\| `(edgeprefill_\w+)`", table, flags=re.M)) == scraped
+
+
+ROOT = Path(__file__).parents[1]
+USER_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+USER_PAGES.remove(ROOT / "docs" / "reference.md")
+
+
+def user_pages() -> dict[Path, str]:
+    """README.md and docs/*.md but the generated reference, whitespace made single spaces."""
+    return {page: re.sub(r"\s+", " ", page.read_text()) for page in USER_PAGES}
+
+
+def test_user_pages_name_no_issue_numbers():
+    """A reader cannot see the project's issues: a page says what it means instead."""
+    found = [
+        (page.name, hit)
+        for page, text in user_pages().items()
+        for hit in re.findall(r"\bissues? #?\d+\S*", text, flags=re.I)
+    ]
+    assert not found
+
+
+def test_user_pages_name_no_history_sections():
+    """A history section's letter tells a reader nothing: a figure gives its date and machine."""
+    patterns = (
+        r"\b[Ss]ections? [A-Z]{1,2}\d?\b",  # "section AL", "sections H and L", "(section D3)"
+        r"history(?:\.md)?\b[^.]{0,40}\bsections?\b",  # "history section C", "history.md, section"
+        r"history\.md,? [A-Z]{1,2}\d?\b",  # "benchmarks/history.md D2"
+    )
+    found = [
+        (page.name, hit)
+        for page, text in user_pages().items()
+        for pattern in patterns
+        for hit in re.findall(pattern, text)
+    ]
+    assert not found
+
+
+def test_every_file_a_user_page_names_exists():
+    """A path or link that leads nowhere sends a reader looking for code that moved."""
+    folders = ("runtime", "backends", "benchmarks", "tests", "workloads", "thermal", "docs")
+    path = re.compile(
+        rf"(?<![\w./-])(?:{'|'.join(folders)})/[\w./-]+\.(?:py|md|yaml|json|sh|jinja)\b"
+    )
+    files = {f.name for folder in folders for f in (ROOT / folder).rglob("*")}
+    missing = []
+    for page, text in user_pages().items():
+        for named in path.findall(text):
+            if not re.search(r"\b[A-Z]+\b", named) and not (ROOT / named).exists():  # not W.yaml
+                missing.append((page.name, named))
+        for name in re.findall(r"`(\w+\.(?:py|yaml))`", text):  # a module named alone: `state.py`
+            if name not in files:
+                missing.append((page.name, name))
+        for target in re.findall(r"\]\(([^)\s#]+)[^)]*\)", text):
+            if "://" not in target and not (page.parent / target).exists():
+                missing.append((page.name, target))
+    assert not missing

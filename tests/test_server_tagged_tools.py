@@ -128,7 +128,7 @@ def test_a_required_a_named_and_a_streamed_call_in_the_templates_form(client):
     _valid(calls[0], {"get_weather"})
 
 
-def test_with_auto_the_answer_is_a_reply_or_a_valid_call(client):
+def test_with_auto_the_answer_is_a_reply_or_a_valid_call_and_a_reply_streams(client):
     reply = client.chat.completions.create(
         model="tiny", messages=ASK, tools=[WEATHER], tool_choice="auto", max_tokens=24
     )
@@ -137,3 +137,11 @@ def test_with_auto_the_answer_is_a_reply_or_a_valid_call(client):
     assert not (message.content or "").lstrip().startswith("<tool_call>")
     for call in message.tool_calls or []:
         _valid(call, {"get_weather"})
+    if message.tool_calls:
+        return
+    chunks = client.chat.completions.create(
+        model="tiny", messages=ASK, tools=[WEATHER], max_tokens=24, stream=True
+    )
+    texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(texts) > 1  # as it is sampled, not held to the end
+    assert not "".join(texts).lstrip().startswith("<tool_call>")

@@ -21,6 +21,8 @@ CALLS, REPLY = "tool_calls", "response"
 class JsonTools(ToolUse):
     """Calls as a JSON object, `{"tool_calls": [...]}` (or `{"response": ...}`)."""
 
+    opening = ""  # the whole answer is the JSON
+
     @staticmethod
     def conversation(messages: list[Message], tool_use: ToolUse | None) -> list[dict[str, Any]]:
         """The messages as the chat template takes them ({role, content}): a developer message

@@ -36,7 +36,7 @@ async def respond(
     """`kind`: "chat.completion" or "text_completion". `sent` gets, each time a streamed
     chunk has been handed to the connection, the engine's stamp of its newest token.
     `stops`: where the answer ends besides the body's own stop strings. `tools`: the answer
-    is a call or a reply in the tools' JSON, read once it has ended."""
+    is a reply or calls in the tools' form, read as `_Calls` says."""
     rid = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{handle.id}"
     base = {"id": rid, "created": int(time.time()), "model": model_id}
     logprobs = None if body.logprobs_asked is None else Logprobs(kind, handle.token_bytes)
@@ -56,7 +56,7 @@ async def respond(
         }
     chunk = {**base, "object": "chat.completion.chunk" if kind == "chat.completion" else kind}
     if tools is not None:
-        pieces = _Whole(handle, pieces, tools)
+        pieces = _Calls(handle, pieces, tools)
     events = _events(chunk, kind, pieces, body.include_usage, sent)
     # The task runs after the stream ends or the client leaves, even one that left before
     # the first chunk was pulled (the events' own `finally` never runs then).
@@ -103,7 +103,7 @@ async def _events(
                 choice = _choice(kind, text, None, pieces.logprobs(), whole=False)
                 yield sse({**base, "choices": [choice]})
                 sent(pieces.stamp_s)  # resumed once the server took the chunk
-        if isinstance(pieces, _Whole) and pieces.calls:
+        if isinstance(pieces, _Calls) and pieces.calls:
             delta = {"tool_calls": [{"index": i, **c} for i, c in enumerate(pieces.calls)]}
             yield sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
         last = _choice(kind, "", pieces.finish_reason(), pieces.logprobs(), whole=False)
@@ -243,9 +243,11 @@ class _Stream:
         return "length"
 
 
-class _Whole(_Stream):
-    """A streamed answer in the tools' JSON: read whole, then sent as its reply's text or
-    its calls (a call's arguments are only known valid once the call has ended)."""
+class _Calls(_Stream):
+    """A streamed answer that may hold tool calls: the text before the tools' form opens
+    a call streams as it comes (none in the JSON form, whose reply is JSON itself); from
+    there the answer is read whole, and sent as its calls (a call's arguments are known
+    valid only once it has ended) or, where it holds none, as text."""
 
     def __init__(self, handle: RequestHandle, stream: _Stream, tools: ToolUse) -> None:
         super().__init__(handle, stream.stops, stream._format)
@@ -253,12 +255,33 @@ class _Whole(_Stream):
         self.calls: list[dict[str, Any]] = []
 
     async def __aiter__(self) -> AsyncIterator[str]:
-        text = "".join([t async for t in super().__aiter__()])
-        content, self.calls = self.tools.answer(text)
+        opening, held, opened = self.tools.opening, "", False
+        async for text in super().__aiter__():
+            held += text
+            if opened:
+                continue
+            at = held.find(opening)
+            if at >= 0:
+                yield held[:at]
+                held, opened = held[at:], True
+                continue
+            safe = len(held) - _opening_begun(held, opening)
+            yield held[:safe]
+            held = held[safe:]
+        if not opened:
+            yield held
+            return
+        content, self.calls = self.tools.answer(held)
         yield content or ""
 
     def finish_reason(self) -> str:
         return "tool_calls" if self.calls else super().finish_reason()
+
+
+def _opening_begun(text: str, opening: str) -> int:
+    """How many of the text's last characters begin `opening` (held back until the next
+    piece says whether a call opens there)."""
+    return max((n for n in range(1, len(opening)) if text.endswith(opening[:n])), default=0)
 
 
 class Logprobs:

@@ -24,6 +24,8 @@ _CALL = re.compile(rf"<{TAG}>\s*(.*?)\s*</{TAG}>", re.DOTALL)
 class TaggedTools(ToolUse):
     """Calls as `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` blocks."""
 
+    opening = f"<{TAG}>"
+
     @staticmethod
     def conversation(messages: list[Message], tool_use: ToolUse | None) -> list[dict[str, Any]]:
         """The messages in OpenAI's shape, as templates of this form take them (as

@@ -10,7 +10,7 @@ import json
 import secrets
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 from edgeprefill.runtime.core.request import OutputFormat
 from edgeprefill.runtime.server.schema import ChatRequest, Message, NamedTool, Tool
@@ -24,6 +24,8 @@ class ToolUse(ABC):
     tools: tuple[Tool, ...]
     choice: str
     parallel: bool
+    # The text at which an answer's calls begin: a reply before it streams as it comes.
+    opening: ClassVar[str]
 
     @classmethod
     def of(cls, body: ChatRequest) -> Self | None:
