@@ -35,14 +35,14 @@ def profile(cost: CostModel) -> DeviceProfile:
 
 def documents_only(pos: int = 1000, n_decode: int = 2) -> SchedState:
     return SchedState(
-        n_prefill_running=1,
-        n_prefill_waiting=0,
+        n_prompts_running=1,
+        n_prompts_waiting=0,
         n_decode=n_decode,
         n_decode_foreground=0,
         n_batch=2048,
         decode_ctx=n_decode * 3000,
-        next_prefill_pos=pos,
-        next_prefill_left=5000,
+        next_prompt_pos=pos,
+        next_prompt_left=5000,
     )
 
 
@@ -55,7 +55,7 @@ def test_a_documents_only_step_is_predicted_within_the_wait_a_chats_allowance_le
     assert n is not None and n < 2048  # the whole batch would keep a chat waiting ~13 s
 
     def predicted(tokens: int) -> float:
-        ctx = state.decode_ctx + tokens * state.next_prefill_pos + tokens * (tokens + 1) // 2
+        ctx = state.decode_ctx + tokens * state.next_prompt_pos + tokens * (tokens + 1) // 2
         return SLOW.predict(state.n_decode, tokens, 1, ctx)
 
     assert predicted(n) <= limit.wait_s < predicted(n + 1)
@@ -80,7 +80,7 @@ def test_on_a_gpu_the_limit_changes_nothing_and_foreground_work_is_the_budgets_t
     chat_decoding = SchedState(**{**documents_only().__dict__, "n_decode_foreground": 1})
     chat_waiting = SchedState(**{**documents_only().__dict__, "foreground_prompt_left": 200})
     assert slow.cap(chat_decoding) is None and slow.cap(chat_waiting) is None
-    assert slow.cap(SchedState(**{**documents_only().__dict__, "next_prefill_left": 0})) is None
+    assert slow.cap(SchedState(**{**documents_only().__dict__, "next_prompt_left": 0})) is None
 
 
 class HalfGuard:

@@ -223,7 +223,7 @@ def test_one_stall_is_not_the_margin_and_stalls_cannot_starve_the_documents():
     assert margin_s(p) < 0.005
     p.observe(mixed(0.5))
     assert margin_s(p) == pytest.approx(0.050)
-    chat = SchedState(1, 0, 1, 1, 2048, decode_ctx=600, next_prefill_left=1000)
+    chat = SchedState(1, 0, 1, 1, 2048, decode_ctx=600, next_prompt_left=1000)
     assert p.decide(chat).budget > 0
 
 
@@ -255,7 +255,7 @@ def test_cadence_sizes_a_chats_prompt_by_the_chats_own_errors():
         p.observe(doc(0.030 if i % 2 else 0.0))
         p.observe(chat())
     assert margin_s(p) > 0.010
-    common = dict(decode_ctx=600, next_prefill_pos=0, next_prefill_left=300)
+    common = dict(decode_ctx=600, next_prompt_pos=0, next_prompt_left=300)
     documents = SchedState(1, 1, 1, 1, 2048, **common)
     waiting_chat = SchedState(1, 1, 1, 1, 2048, foreground_prompt_left=300, **common)
     assert p.snapshot()["prompt_margin_ms"] < 5
@@ -286,7 +286,7 @@ def test_nothing_rides_after_the_end_of_a_chats_prompt():
     chat's prompt is not given to a document (it is after a document's)."""
     p = CadencePolicy(itl_ms=150, share=1)
     p.calibrate(profile())
-    document = SchedState(1, 1, 1, 1, 2048, decode_ctx=300, next_prefill_left=10)
+    document = SchedState(1, 1, 1, 1, 2048, decode_ctx=300, next_prompt_left=10)
     assert p.decide(document).budget > 10
     chat = replace(document, foreground_prompt_left=10)
     assert p.decide(chat).budget == 10

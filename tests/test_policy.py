@@ -7,7 +7,7 @@ from edgeprefill.runtime.core.plan import SchedState
 from edgeprefill.runtime.policies import StaticPolicy, UnlimitedPolicy, parse_policy
 
 STATE = SchedState(
-    n_prefill_running=1, n_prefill_waiting=2, n_decode=3, n_decode_foreground=1, n_batch=2048
+    n_prompts_running=1, n_prompts_waiting=2, n_decode=3, n_decode_foreground=1, n_batch=2048
 )
 
 

@@ -309,7 +309,7 @@ def test_a_documents_only_step_is_sized_for_the_wait_of_a_chat_arriving_during_i
     ]
     # The largest step the limit allows: at the start of a prompt, nothing decoding, and
     # before any chat was seen (priced at a longer prompt than this chat's).
-    widest = SchedState(1, 0, 0, 0, 1024, next_prefill_left=1000)
+    widest = SchedState(1, 0, 0, 0, 1024, next_prompt_left=1000)
     cap = IterationLimit(vllm_profile, slowdown=slowdown, min_wait_s=0.0).cap(widest)
     assert cap is not None and cap < 1024  # without the limit, documents went 1,024 a step
     longest = max(documents_only, key=lambda s: s.plan.n_prefill)

@@ -160,7 +160,7 @@ class VllmEngine:
         return True
 
     def advance(self) -> Advance | None:
-        before = self.scheduler.ep_ledger.next_iteration
+        before = self.scheduler.ep_ledger.next_step
         outputs = self.llm.step()
         now = self.clock.now()
         finished: list[Request] = []
@@ -196,7 +196,7 @@ class VllmEngine:
             Iteration(c.record.t_start_s, self._ours(c.record.plan), c.timing, c.policy_state)
             for c in self.scheduler.take_completed()
         ]
-        if not iterations and not finished and self.scheduler.ep_ledger.next_iteration == before:
+        if not iterations and not finished and self.scheduler.ep_ledger.next_step == before:
             return None  # nothing was scheduled
         return Advance(iterations, finished)
 

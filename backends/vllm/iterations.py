@@ -75,13 +75,13 @@ class IterationLedger:
     read once complete) a reading arrives a step or more after its step; it is matched by
     the step index both sides count, and its token count must agree."""
 
-    def __init__(self, next_iteration: int = 0) -> None:
+    def __init__(self, next_step: int = 0) -> None:
         self._pending: dict[int, IterationRecord] = {}
-        self.next_iteration = next_iteration  # the worker's count goes on across runs on one engine
+        self.next_step = next_step  # the worker's count goes on across runs on one engine
 
     def add(self, record: IterationRecord) -> None:
         self._pending[record.step] = record
-        self.next_iteration = record.step + 1
+        self.next_step = record.step + 1
 
     def match(self, step: int, tokens: int) -> IterationRecord:
         record = self._pending.pop(step, None)

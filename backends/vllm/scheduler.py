@@ -91,7 +91,7 @@ class BudgetMixin(_SchedulerBase):
         old = getattr(self, "ep_ledger", None)
         if old is not None and old.waiting:
             raise RuntimeError("a new policy while steps still wait for their timing")
-        self.ep_ledger = IterationLedger(old.next_iteration if old is not None else 0)
+        self.ep_ledger = IterationLedger(old.next_step if old is not None else 0)
         self.ep_completed: list[CompletedIteration] = []
         self._ep_sink = None
         # This step's plan as vLLM applies it: prompt tokens granted by request id (None:
@@ -198,7 +198,7 @@ class BudgetMixin(_SchedulerBase):
             n_sampled += before + n >= req.num_tokens  # the chunk ends the prompt: samples
         deferred = tuple(r for r in planned.deferred if r not in out.num_scheduled_tokens)
         plan = Plan(planned.decision, tuple(decode), prefill, deferred, foreground)
-        return IterationRecord(self.ep_ledger.next_iteration, t_start, plan, ctx, n_sampled)
+        return IterationRecord(self.ep_ledger.next_step, t_start, plan, ctx, n_sampled)
 
     # --- after the step ---------------------------------------------------------------
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:

@@ -21,7 +21,7 @@ from edgeprefill.runtime.cli.flags import as_flags
 from edgeprefill.runtime.cli.options import PATH, Decorator, device_options, run_options
 from edgeprefill.runtime.cli.serving import server_options, server_settings
 from edgeprefill.runtime.core.errors import UserError
-from edgeprefill.runtime.policies import DEFAULT_POLICY
+from edgeprefill.runtime.policies import DEFAULT_POLICY, baseline_policies, policy_usage
 from edgeprefill.runtime.runner.devices import open_device
 from edgeprefill.runtime.runner.devices.kind import option
 
@@ -38,8 +38,7 @@ def cli() -> None:
     option(
         "--policy policy_spec",
         DEFAULT_POLICY,
-        "prefill budget policy: static:N, unlimited, ppas[:nth=,bmax=,bcap=], "
-        "dlfp[:target_ms=,...], cadence[:itl_ms=,tail_pct=,share=]",
+        f"prefill budget policy: {policy_usage()}",
     ),
     option("--out", help="results folder [default: results/WORKLOAD-POLICY-TIME]", type=PATH),
     option("--seed", help="override the workload's seed", type=click.IntRange(min=0)),
@@ -151,8 +150,8 @@ def comparison_options(policies: str, seeds: int, out: str) -> Decorator:
             option("--policies", policies, "comma-separated policy specs"),
             option(
                 "--baselines",
-                help="policies to take ratios against [default: every "
-                "static/unlimited/ppas/dlfp given]",
+                help="policies to take ratios against [default: every one given of "
+                f"{', '.join(baseline_policies())}]",
             ),
             option(
                 "--seeds",
@@ -318,7 +317,7 @@ def _policy_lists(policies: str, baselines: str | None) -> tuple[list[str], list
     bases = (
         [b.strip() for b in baselines.split(",")]
         if baselines
-        else [n for n in names if n.split(":")[0] in ("static", "ppas", "dlfp", "unlimited")]
+        else [n for n in names if n.split(":")[0] in baseline_policies()]
     )
     unknown = [b for b in bases if b not in names]
     if unknown:

@@ -33,6 +33,9 @@ class BudgetPolicy(ABC):
     # edgeprefill (no chat prompt served alone where no budget applies; on vLLM, vLLM's
     # own order), which is the baseline the capping policies are compared with.
     caps: ClassVar[bool] = True
+    # True for the policies a new one is measured against (the papers', the fixed ones):
+    # `compare` and `sweep` give ratios against them by default.
+    baseline: ClassVar[bool] = True
     # Parameters that must be set (by the user, or by `calibrate` from a device profile)
     # before the first iteration: attribute -> what to tell a user who left it unset.
     required: ClassVar[dict[str, str]] = {}

@@ -55,15 +55,15 @@ class IterationTiming:
 class SchedState:
     """What the scheduler looks like before an iteration is planned."""
 
-    n_prefill_running: int  # requests holding a slot with prompt left
-    n_prefill_waiting: int  # arrived requests without a slot yet
+    n_prompts_running: int  # requests holding a slot with prompt left
+    n_prompts_waiting: int  # arrived requests without a slot yet
     n_decode: int  # requests that will get a decode token this iteration
     n_decode_foreground: int
     n_batch: int  # the most tokens one iteration can hold
     last: IterationTiming | None = None
     decode_ctx: int = 0  # KV cells the decodes will attend to, summed
-    next_prefill_pos: int = 0  # where the next prompt chunk would start in its sequence
-    next_prefill_left: int = 0  # prompt tokens that request has left (0: no prompt waits)
+    next_prompt_pos: int = 0  # where the next prompt chunk would start in its sequence
+    next_prompt_left: int = 0  # prompt tokens that request has left (0: no prompt waits)
     decode_ctx_foreground: int = 0  # the foreground decodes' share of decode_ctx
     # The first foreground prompt waiting for its first token (0 left: none): a TTFT target
     # runs from its arrival.

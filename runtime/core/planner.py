@@ -91,15 +91,15 @@ def sched_state(
     # the foreground prompt next in line, if a foreground one is next
     lead = head if head is not None and head.cls == "foreground" else None
     return SchedState(
-        n_prefill_running=n_running,
-        n_prefill_waiting=n_waiting,
+        n_prompts_running=n_running,
+        n_prompts_waiting=n_waiting,
         n_decode=n_decode,
         n_decode_foreground=n_decode_foreground,
         n_batch=n_batch,
         last=last,
         decode_ctx=decode_ctx,
-        next_prefill_pos=head.computed if head is not None else 0,
-        next_prefill_left=head.prompt_left if head is not None else 0,
+        next_prompt_pos=head.computed if head is not None else 0,
+        next_prompt_left=head.prompt_left if head is not None else 0,
         decode_ctx_foreground=decode_ctx_foreground,
         foreground_prompt_left=lead.prompt_left if lead is not None else 0,
         foreground_prompt_pos=lead.computed if lead is not None else 0,

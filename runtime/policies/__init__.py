@@ -9,7 +9,12 @@ from edgeprefill.runtime.core.budget import BudgetPolicy
 from edgeprefill.runtime.policies.cadence import CadencePolicy
 from edgeprefill.runtime.policies.dlfp import DLFPPolicy
 from edgeprefill.runtime.policies.ppas import PPASPolicy
-from edgeprefill.runtime.policies.registry import POLICIES, parse_policy
+from edgeprefill.runtime.policies.registry import (
+    POLICIES,
+    baseline_policies,
+    parse_policy,
+    policy_usage,
+)
 from edgeprefill.runtime.policies.static import StaticPolicy, UnlimitedPolicy
 
 # What `edgeprefill run` and `Runtime` use unless told otherwise: the policy benchmarks/history.md
@@ -25,5 +30,7 @@ __all__ = [
     "PPASPolicy",
     "StaticPolicy",
     "UnlimitedPolicy",
+    "baseline_policies",
     "parse_policy",
+    "policy_usage",
 ]

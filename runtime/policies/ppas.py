@@ -44,12 +44,12 @@ class PPASPolicy(BudgetPolicy):
             self.bcap = profile.chunk_for()
 
     def budget(self, state: SchedState) -> int | None:
-        n_p = state.n_prefill_running + state.n_prefill_waiting
+        n_p = state.n_prompts_running + state.n_prompts_waiting
         self._capped = n_p >= self.nth and state.n_decode > 0
         return self._need(self.bcap, "bcap") if self._capped else self.bmax
 
     def reason(self, state: SchedState, budget: int | None) -> str:
-        n_p = state.n_prefill_running + state.n_prefill_waiting
+        n_p = state.n_prompts_running + state.n_prompts_waiting
         if self._capped:
             return f"{n_p} prefills (nth={self.nth}) beside {state.n_decode} decodes: bcap"
         return "bmax: " + ("no decode running" if n_p >= self.nth else f"{n_p} prefills")

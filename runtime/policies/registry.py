@@ -14,6 +14,24 @@ from edgeprefill.runtime.core.registry import Registry
 POLICIES: Registry[type[BudgetPolicy]] = Registry("policy")
 
 
+def policy_usage() -> str:
+    """Every registered policy with its parameters, for a command's help."""
+    forms = []
+    for name in POLICIES.names():
+        factory = POLICIES.get(name)
+        found: tuple[dataclasses.Field[Any], ...] = ()
+        if dataclasses.is_dataclass(factory):
+            found = dataclasses.fields(factory)
+        fields = [f.name for f in found if f.init]
+        forms.append(f"{name}[:{'=,'.join(fields)}=]" if fields else name)
+    return ", ".join(forms)
+
+
+def baseline_policies() -> list[str]:
+    """The policies `compare` and `sweep` take ratios against unless told otherwise."""
+    return [name for name in POLICIES.names() if POLICIES.get(name).baseline]
+
+
 def parse_policy(spec: str) -> BudgetPolicy:
     """Build a policy from `name`, `name:VALUE` (its first parameter) or `name:k=v,k=v`."""
     name, _, argstr = spec.strip().partition(":")

@@ -56,9 +56,9 @@ class IterationLimit:
         holds foreground work, which the policy's budget sizes, or no prompt work."""
         if state.n_decode_foreground or state.foreground_prompt_left:
             return None
-        if not state.next_prefill_left:
+        if not state.next_prompt_left:
             return None
         n = self.profile.cost.max_prefill(
-            self.wait_s, state.n_decode, state.decode_ctx, state.next_prefill_pos
+            self.wait_s, state.n_decode, state.decode_ctx, state.next_prompt_pos
         )
         return max(n, self.profile.min_chunk)

@@ -51,6 +51,7 @@ DEFAULT_SHARE = 0.3
 @dataclass
 class CadencePolicy(BudgetPolicy):
     name: ClassVar[str] = "cadence"
+    baseline: ClassVar[bool] = False  # ours: compared with the papers' policies
     required: ClassVar[dict[str, str]] = {
         "_fit": "cost model (it is fitted from a device profile only)",
         "itl_ms": "itl_ms (cadence:itl_ms=MS)",
@@ -196,8 +197,8 @@ class CadencePolicy(BudgetPolicy):
         if state.foreground_prompt_left:
             target = chat_target
         model = self._model
-        c = model.max_prefill(target, state.n_decode, state.decode_ctx, state.next_prefill_pos)
-        if 0 < state.next_prefill_left <= c:
+        c = model.max_prefill(target, state.n_decode, state.decode_ctx, state.next_prompt_pos)
+        if 0 < state.next_prompt_left <= c:
             c = self._past_prompt_end(model, target, state)
         # Predicted over the target even with no prompt work: give it none, but never for
         # more than a few iterations in a row, so background work progresses.
@@ -215,7 +216,7 @@ class CadencePolicy(BudgetPolicy):
         weights. Without this the iterations that end a prompt form the foreground's tail.
         Nothing is added after a foreground prompt: its first token would wait for it (seen: a
         chat's last prompt token beside 41 document tokens, 98 ms instead of ~35)."""
-        left, pos = state.next_prefill_left, state.next_prefill_pos
+        left, pos = state.next_prompt_left, state.next_prompt_pos
         t = model.prompt_end_s(state.n_decode, state.decode_ctx, left, pos)
         if t > target:
             return left - 1  # the scheduler keeps the remainder a valid chunk
