@@ -11,11 +11,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jsonschema
 import pytest
 
 from tests.server_helpers import KEY, serving
-from tests.test_server_tools import ASK, SCHEMAS, TIME, WEATHER
+from tests.test_server_tools import (
+    ASK,
+    TIME,
+    WEATHER,
+    required_and_named_calls_are_valid,
+    valid_call,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -93,26 +98,8 @@ def test_blocks_read_back_as_calls_and_the_rest_as_the_reply():
     assert tools.answer("<tool_call>\nnot json\n</tool_call>")[1] == []
 
 
-def _valid(call, names) -> dict:
-    assert call.type == "function" and call.function.name in names and call.id
-    arguments = json.loads(call.function.arguments)
-    jsonschema.validate(arguments, SCHEMAS[call.function.name])
-    return arguments
-
-
 def test_a_required_a_named_and_a_streamed_call_in_the_templates_form(client):
-    reply = client.chat.completions.create(
-        model="tiny", messages=ASK, tools=[WEATHER, TIME], tool_choice="required", max_tokens=64
-    )
-    choice = reply.choices[0]
-    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
-    for call in choice.message.tool_calls:
-        _valid(call, {"get_weather", "get_time"})
-    named = {"type": "function", "function": {"name": "get_time"}}
-    reply = client.chat.completions.create(
-        model="tiny", messages=ASK, tools=[WEATHER, TIME], tool_choice=named, max_tokens=64
-    )
-    assert all(_valid(c, {"get_time"}) for c in reply.choices[0].message.tool_calls)
+    required_and_named_calls_are_valid(client)
     chunks = client.chat.completions.create(
         model="tiny",
         messages=CALLED + [{"role": "user", "content": "And in Oslo?"}],
@@ -125,7 +112,7 @@ def test_a_required_a_named_and_a_streamed_call_in_the_templates_form(client):
     deltas = [c.choices[0] for c in chunks if c.choices]
     calls = [t for d in deltas if d.delta.tool_calls for t in d.delta.tool_calls]
     assert len(calls) == 1 and deltas[-1].finish_reason == "tool_calls"
-    _valid(calls[0], {"get_weather"})
+    valid_call(calls[0], {"get_weather"})
 
 
 def test_with_auto_the_answer_is_a_reply_or_a_valid_call_and_a_reply_streams(client):
@@ -136,7 +123,7 @@ def test_with_auto_the_answer_is_a_reply_or_a_valid_call_and_a_reply_streams(cli
     assert message.content or message.tool_calls
     assert not (message.content or "").lstrip().startswith("<tool_call>")
     for call in message.tool_calls or []:
-        _valid(call, {"get_weather"})
+        valid_call(call, {"get_weather"})
     if message.tool_calls:
         return
     chunks = client.chat.completions.create(

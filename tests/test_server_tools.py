@@ -63,21 +63,24 @@ def test_an_answer_cut_short_keeps_the_calls_it_completed():
     assert tools.answer('{"response": "Sunny."}') == ("Sunny.", [])
 
 
-def _valid(call, names) -> dict:
+def valid_call(call, names) -> dict:
+    """A call to one of the tools `names`, whose arguments parse and fit its schema."""
     assert call.type == "function" and call.function.name in names and call.id
     arguments = json.loads(call.function.arguments)
     jsonschema.validate(arguments, SCHEMAS[call.function.name])
     return arguments
 
 
-def test_a_required_call_and_a_named_call_are_valid_calls(client):
+def required_and_named_calls_are_valid(client) -> None:
+    """With "required", valid calls to the tools offered; with one tool named and no
+    parallel calls, one valid call to it."""
     reply = client.chat.completions.create(
         model="tiny", messages=ASK, tools=[WEATHER, TIME], tool_choice="required", max_tokens=64
     )
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
     for call in choice.message.tool_calls:
-        _valid(call, {"get_weather", "get_time"})
+        valid_call(call, {"get_weather", "get_time"})
     named = {"type": "function", "function": {"name": "get_time"}}
     reply = client.chat.completions.create(
         model="tiny",
@@ -89,7 +92,11 @@ def test_a_required_call_and_a_named_call_are_valid_calls(client):
     )
     calls = reply.choices[0].message.tool_calls
     assert len(calls) == 1
-    _valid(calls[0], {"get_time"})
+    valid_call(calls[0], {"get_time"})
+
+
+def test_a_required_call_and_a_named_call_are_valid_calls(client):
+    required_and_named_calls_are_valid(client)
 
 
 def test_a_streamed_call_arrives_as_tool_call_deltas(client):
@@ -133,4 +140,4 @@ def test_a_tool_result_goes_back_and_the_model_answers(client):
     # "auto": a reply or another call, in either case well formed.
     assert isinstance(message.content, str) or message.tool_calls
     for again in message.tool_calls or []:
-        _valid(again, {"get_weather"})
+        valid_call(again, {"get_weather"})

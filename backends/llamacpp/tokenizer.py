@@ -63,10 +63,10 @@ class LlamaTokenizer:
         """The model's Jinja chat template, compiled once, rendered in Jinja's sandbox as
         llama-server's `--jinja`, vLLM and transformers render it: the template is code
         from the model file, and a sandbox keeps it from reaching the server's objects."""
+        vocab = self._vocab  # the check that the model is loaded
         source = self._model.chat_template()
         if source is None:
             return None
-        vocab = self._vocab
         bos, eos = lc.llama_vocab_bos(vocab), lc.llama_vocab_eos(vocab)
         return Jinja2ChatFormatter(
             source.decode(errors="replace"), eos_token=self._text(eos), bos_token=self._text(bos)
@@ -83,6 +83,7 @@ class LlamaTokenizer:
     def tagged_tool_calls(self) -> bool:
         """The template lists tools and reads calls between <tool_call> tags (Hermes 2
         Pro, Qwen 2.5 and 3, as llama.cpp's chat formats detect them)."""
+        self._vocab  # noqa: B018 (the check that the model is loaded)
         source = self._model.chat_template() or b""
         return b"<tool_call>" in source and b"tools" in source
 
@@ -94,6 +95,7 @@ class LlamaTokenizer:
         beginning-of-text token a template writes is left to `encode(add_bos=True)`, which
         adds it once. ValueError where the template refuses the conversation (roles out of
         order, a tool result without its call)."""
+        self._vocab  # noqa: B018 (the check that the model is loaded)
         template = self._template
         if template is None:
             return plain_transcript(messages)

@@ -170,9 +170,12 @@ class Runtime:
         with self._lock:
             if self._closed:
                 raise RuntimeError(self.refusal)
+            # A document being read must not delay a chat's first token. Before the add,
+            # as `Engine.preempt` asks: the add clears the flag, and a flag set after it
+            # stopped a later document-only iteration with no chat arriving.
+            if cls == "foreground":
+                self.engine.preempt()
             self._commands.put(("add", (handle, after)))
-        if cls == "foreground":  # a document being read must not delay a chat's first token
-            self.engine.preempt()
         return handle
 
     def chat(
