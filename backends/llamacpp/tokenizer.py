@@ -74,18 +74,13 @@ class LlamaTokenizer:
 
     def _text(self, token: int) -> str:
         """A token's text, control tokens' included ("<bos>"), as a template writes them."""
-        if token < 0:
-            return ""
-        buf = ctypes.create_string_buffer(256)
-        n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
-        return buf.raw[: max(n, 0)].decode(errors="replace")
+        return self._piece(token, special=True).decode(errors="replace") if token >= 0 else ""
 
     def tagged_tool_calls(self) -> bool:
         """The template lists tools and reads calls between <tool_call> tags (Hermes 2
         Pro, Qwen 2.5 and 3, as llama.cpp's chat formats detect them)."""
-        self._vocab  # noqa: B018 (the check that the model is loaded)
-        source = self._model.chat_template() or b""
-        return b"<tool_call>" in source and b"tools" in source
+        source = self._template.template if self._template is not None else ""
+        return "<tool_call>" in source and "tools" in source
 
     def render_chat(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
@@ -107,8 +102,11 @@ class LlamaTokenizer:
 
     def piece(self, token: int) -> bytes:
         """The bytes a token stands for (a character may span several tokens)."""
+        return self._piece(token, special=False)
+
+    def _piece(self, token: int, special: bool) -> bytes:
         buf = ctypes.create_string_buffer(256)
-        n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
         return buf.raw[: max(n, 0)]
 
     def is_normal(self, token: int) -> bool:

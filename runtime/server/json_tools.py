@@ -72,11 +72,9 @@ class JsonTools(ToolUse):
         return OutputFormat(json.dumps({"anyOf": [calls, reply]}, sort_keys=True))
 
     def _calls(self) -> dict[str, Any]:
-        one_of_them = self.call_schemas()
-        item = one_of_them[0] if len(one_of_them) == 1 else {"anyOf": one_of_them}
         return {
             "type": "array",
-            "items": item,
+            "items": self.call_schema(),
             "minItems": 1,
             **({} if self.parallel else {"maxItems": 1}),
         }

@@ -57,10 +57,8 @@ class TaggedTools(ToolUse):
         return [t.model_dump(exclude_none=True) for t in self.tools]
 
     def output_format(self) -> OutputFormat:
-        schemas = self.call_schemas()
-        schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
         return OutputFormat(
-            json.dumps(schema),  # keys in order: the name before the arguments
+            json.dumps(self.call_schema()),  # keys in order: the name before the arguments
             tag=TAG,
             repeat=self.parallel,
             or_text=self.choice != "required",

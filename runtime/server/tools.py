@@ -39,9 +39,9 @@ class ToolUse(ABC):
             return cls(tools, "required", body.parallel_tool_calls)
         return cls(tuple(body.tools), choice, body.parallel_tool_calls)
 
-    def call_schemas(self) -> list[dict[str, Any]]:
-        """One JSON Schema per tool for a call to it: its name and its arguments."""
-        return [
+    def call_schema(self) -> dict[str, Any]:
+        """The JSON Schema of one call to any of the tools: its name and its arguments."""
+        schemas = [
             {
                 "type": "object",
                 "properties": {
@@ -53,6 +53,7 @@ class ToolUse(ABC):
             }
             for t in self.tools
         ]
+        return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
 
     @staticmethod
     @abstractmethod
