@@ -224,7 +224,9 @@ class Routes:
             self.model_id,
             request,
             self._sent,
-            self.turn_stops,
+            # `ignore_eos` runs past the turn's end: a template's end-of-turn token, or
+            # this marker where the plain transcript stands in for a template.
+            [] if body.ignore_eos else self.turn_stops,
             tool_use,
         )
 

@@ -179,7 +179,8 @@ class Generation(Strict):
     """A document given to /v1/documents that this asks about: only the question is
     computed once the document has been read."""
     ignore_eos: bool = False
-    """Generate past end-of-text (vLLM's and llama-server's extension, for benchmarks)."""
+    """Generate past end-of-text and the turn's end (vLLM's and llama-server's extension, for
+    benchmarks); the request's own `stop` strings still end it."""
 
     @property
     def limit(self) -> int:
