@@ -181,46 +181,63 @@ def test_an_abort_anywhere_in_a_micro_batch_keeps_exact_outputs_exact(make_backe
     assert output == reference
 
 
-def test_decode_iterations_are_never_aborted_and_prompt_only_ones_are(make_backend):
+def test_a_chats_prompt_is_never_stopped_and_a_chats_decode_outlives_a_stop(make_backend):
+    """A stop pending while a chat's prompt computes waits; in the next iteration the
+    chat's decode is computed and sampled, then the document's prompt work stops."""
     be = make_backend(n_ctx=4096)
     engine = Engine(be, parse_policy("static:256"))
     chat = Request("chat", "foreground", 0, tokens(be, 40, 2), 6, ignore_eos=True)
     doc = Request("doc", "background", 0, tokens(be, 3000, 3), 4)
     engine.add(chat)
-    engine.iterate()  # the chat's prompt: it decodes from now on
     engine.add(doc)
-    engine.preempt()  # a stop is pending while decodes run beside the document
-    its = [engine.iterate() for _ in range(3)]
-    assert all(it.plan.n_decode and it.preempted is None for it in its)
-    while chat.status is not Status.FINISHED:
-        engine.iterate()
-    engine.preempt()  # now the iteration holds document prompt work only
+    engine.preempt()  # pending while the chat's prompt computes beside the document
+    first = engine.iterate()
+    assert first.plan.n_prefill_foreground and first.preempted is None
+    assert len(chat.output) == 1
+    engine.preempt()
     it = engine.iterate()
-    assert it.preempted is not None and it.plan.decode == ()
+    assert it.plan.decode == ("chat",) and it.preempted is not None
+    assert len(chat.output) == 2 and it.plan.n_prefill == it.preempted["kept"]
     assert it.preempted["kept"] + it.preempted["lost"] == min(256, be.capacity.max_chunk or 256)
     nxt = engine.iterate()  # the stop was used up: the next iteration runs whole
-    assert nxt.preempted is None and nxt.plan.n_prefill > 0
+    assert nxt.preempted is None and nxt.plan.n_prefill > 0 and len(chat.output) == 3
 
 
-def ttft_of_a_chat_arriving_during_a_long_document_chunk(backend, writer_dir) -> tuple[float, dict]:
-    doc = Request("doc", "background", 0.0, tokens(backend, 3000, 5), 4, ignore_eos=True)
-    chat = Request("chat", "foreground", 0.4, tokens(backend, 60, 6), 4, ignore_eos=True)
-    # P-PAS sets no budget with nothing decoding, so the chat's prompt goes alone.
+def ttft_of_a_chat_arriving_during_a_long_document_chunk(
+    backend, writer_dir, beside_a_chat: bool
+) -> tuple[float, dict]:
+    """The first-token time of a chat that arrives while a 2,048-token document chunk
+    computes, alone or beside a running chat's decode (the document arriving once that chat
+    decodes). P-PAS sets no budget while fewer than two prompts compute, and caps them at
+    64 tokens, the chat's first, once the chat arrives."""
+    doc_at, chat_at = (0.2, 1.0) if beside_a_chat else (0.0, 0.4)
+    doc = Request("doc", "background", doc_at, tokens(backend, 3000, 5), 4, ignore_eos=True)
+    chat = Request("chat", "foreground", chat_at, tokens(backend, 60, 6), 4, ignore_eos=True)
+    requests = [doc, chat]
+    if beside_a_chat:  # 200 tokens: still decoding when the document comes, on any CPU
+        requests.append(
+            Request("running", "foreground", 0.0, tokens(backend, 40, 7), 200, ignore_eos=True)
+        )
     engine = Engine(backend, parse_policy("ppas:bcap=64"))
     with RunWriter(writer_dir) as writer:
-        run_requests(engine, [doc, chat], writer)
+        run_requests(engine, requests, writer)
         summary = writer.summary({}, 0.0, False, 0)
-    assert chat.output and doc.output and len(doc.output) == 4
+    assert all(len(r.output) == r.max_tokens for r in requests)  # no token lost to a stop
     return chat.token_times_s[0] - chat.arrival_s, summary
 
 
+@pytest.mark.parametrize("beside_a_chat", [False, True], ids=["document-only", "document-heavy"])
 def test_a_chat_arriving_during_a_long_document_chunk_gets_its_first_token_sooner(
-    make_backend, tmp_path
+    make_backend, tmp_path, beside_a_chat
 ):
     be = make_backend(n_ctx=4096, batching="fast")  # 2,048-token chunks
-    with_abort, summary = ttft_of_a_chat_arriving_during_a_long_document_chunk(be, tmp_path / "a")
+    with_abort, summary = ttft_of_a_chat_arriving_during_a_long_document_chunk(
+        be, tmp_path / "a", beside_a_chat
+    )
     be.supports_abort = False  # the same run without preemption
-    without, base = ttft_of_a_chat_arriving_during_a_long_document_chunk(be, tmp_path / "b")
+    without, base = ttft_of_a_chat_arriving_during_a_long_document_chunk(
+        be, tmp_path / "b", beside_a_chat
+    )
     assert summary["preemption"]["count"] >= 1 and base["preemption"]["count"] == 0
     assert summary["accounting"]["reconciled"]
     # Without: the chat waits for the rest of a 2,048-token chunk (seconds on a CPU); with:

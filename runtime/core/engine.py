@@ -78,7 +78,7 @@ class Engine:
                 backend.release(seq_id)
         self._device_done: float | None = None  # when the last device call returned
         # Set by `preempt` (any thread) when a foreground request arrives; an iteration
-        # holding only background prompt work stops soon after (on a backend that can).
+        # whose prompt work is all background stops soon after (on a backend that can).
         self._abort = threading.Event()
         self._abort_at: float | None = None
         # Called once an iteration's tokens are appended, before the engine's own
@@ -109,11 +109,10 @@ class Engine:
 
     def preempt(self) -> None:
         """A foreground request is arriving (call from any thread, then `add` it): stop the
-        iteration in flight if it holds only background prompt work, keeping what it
-        finished. Chats' tokens are never stopped, nor are decodes (an iteration with a
-        chat's decode runs whole; documents' decodes finish before their iteration's prompt
-        work, which is what stops). Arrivals trigger it, not a timer: the replay calls it at
-        a foreground request's arrival time."""
+        iteration in flight if its prompt work is background only, keeping what it
+        finished. Decodes are never stopped (they are computed and sampled before the
+        prompt work, which is what stops), nor is a chat's prompt. Arrivals trigger it, not
+        a timer: the replay calls it at a foreground request's arrival time."""
         self._abort_at = self.clock.now()
         self._abort.set()
 
@@ -176,11 +175,12 @@ class Engine:
 
     def _execute(self, plan: Plan) -> Executed:
         """Run the plan on the backend. A chat arriving meanwhile stops the documents'
-        prompt work; documents' decodes in it finish first (the backend computes them
-        before any prompt chunk). Chats' work is never stopped: neither their prompts nor
-        iterations that carry their tokens."""
-        foreground = plan.n_decode_foreground or plan.n_prefill_foreground
-        abortable = self.backend.supports_abort and plan.n_prefill > 0 and not foreground
+        prompt work; the decodes in it, chats' and documents', finish first (the backend
+        computes and samples them before any prompt chunk), so a running chat's token is
+        never lost and comes sooner. A chat's prompt is never stopped."""
+        abortable = (
+            self.backend.supports_abort and plan.n_prefill > 0 and not plan.n_prefill_foreground
+        )
         work = self.scheduler.work(plan)
         started = self.clock.now()
         host_s = None if self._device_done is None else started - self._device_done
