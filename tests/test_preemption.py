@@ -82,11 +82,13 @@ def test_a_document_aborted_part_way_resumes_with_the_same_greedy_output(make_ba
     assert req.output == reference
 
 
-def test_a_micro_batch_that_wraps_the_sliding_window_ring_finishes_before_a_stop(make_backend):
+def test_in_fast_batching_no_micro_batch_wraps_the_ring_so_a_stop_lands_mid_graph(make_backend):
     """Stopped mid-graph, a micro-batch that wrapped the sliding-window ring had already
     given up cells of earlier positions: the sequence's cells ended short of its computed
     prompt and its next pass failed (`llama_decode` -1; seen in the server soak, history
-    section E). It now finishes, and the stop lands at the next micro-batch."""
+    section E); made to finish instead, it kept a chat waiting for all of it. In fast
+    batching a chunk's micro-batches now end where the ring turns: the stop lands in the
+    first node, and the document still ends with the output of a run never stopped."""
     be = make_backend(n_ctx=2048, batching="fast", n_ubatch=512, flash_attn=False)
     if not be.ring.n_swa:
         pytest.skip("the model has no sliding-window layers")
@@ -97,11 +99,11 @@ def test_a_micro_batch_that_wraps_the_sliding_window_ring_finishes_before_a_stop
     engine.add(req)
     engine.iterate()
     p0 = req.num_computed
-    assert p0 < be.ring.size < p0 + 512  # the next chunk's first micro-batch wraps
+    assert p0 < be.ring.size < p0 + 512  # a 512-token micro-batch from here would wrap
     engine._abort = StopAfter(3)  # type: ignore[assignment]  # set from the first node on
     it = engine.iterate()
-    assert it is not None and it.preempted is not None and it.preempted["kept"] == 512
-    assert req.num_computed == p0 + 512 == be.seq_pos_max(req.seq_id) + 1
+    assert it is not None and it.preempted is not None and it.preempted["kept"] == 0
+    assert req.num_computed == p0 == be.seq_pos_max(req.seq_id) + 1
     while engine.has_work:
         engine.iterate()
     assert req.error is None and req.output == reference

@@ -17,6 +17,7 @@ def test_only_micro_batches_inside_one_turn_of_a_known_ring_may_stop_mid_graph()
     ring.placed(3, 0)
     assert ring.abortable(3, 1024, 512) and ring.abortable(3, 1100, 512)
     assert not ring.abortable(3, 2008, 512)  # cells 984..1023, then 0..471
+    assert ring.room(2008) == 40 and ring.abortable(3, 2008, ring.room(2008))
     assert not ring.abortable(4, 1024, 512)  # restored from a saved prefix: cells unknown
     ring.placed(4, 96)
     assert not ring.abortable(4, 1024, 512)

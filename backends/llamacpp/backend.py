@@ -313,17 +313,14 @@ class LlamaCppBackend(Backend):
         self, w: SeqWork, start: int, abort: threading.Event | None
     ) -> tuple[float, int | None]:
         """Decode a prompt chunk: (seconds, its last row's index in the last call), or
-        (seconds, None) where the abort stopped it. With an abort flag it goes in the
-        micro-batches llama.cpp would split it into, each stopped mid-graph only where its
+        (seconds, None) where the abort stopped it. With an abort flag it goes in
+        micro-batches (`_pieces`), each stopped mid-graph only where its
         rollback is exact and leaves the sequence's earlier cells in place (`SwaRing`): a
         stopped micro-batch that wrapped the sliding-window ring had already given up cells
         the retry needs, and the sequence's next pass failed (`llama_decode` -1: its cells
         ended before its computed prompt). Another micro-batch finishes first."""
-        n = len(w.tokens)
-        piece = n if abort is None else self.settings.n_ubatch
         spent = 0.0
-        for off in range(0, n, piece):
-            m = min(piece, n - off)
+        for off, m in self._pieces(w, abort is not None):
             if abort is not None:
                 if abort.is_set():
                     return spent, None
@@ -336,6 +333,26 @@ class LlamaCppBackend(Backend):
                 return spent, None
             self._check(rc)
         return spent, m - 1
+
+    def _pieces(self, w: SeqWork, stoppable: bool) -> list[tuple[int, int]]:
+        """(offset, tokens) of each pass of a prompt chunk: the whole chunk (llama.cpp
+        splits it), or with an abort flag its micro-batches. In fast batching those end
+        where the ring turns too, so none wraps and each may stop mid-graph (a
+        sequence computed from position 0 in its own KV stream): one that wrapped ran whole,
+        and a chat arriving in it waited 402 ms (a 128-token micro-batch deep in a document,
+        a 2-core Zen 3, 7 Dec 2026). Exact batching keeps llama.cpp's own split, the shapes
+        the probe measured."""
+        n, size = len(w.tokens), self.settings.n_ubatch
+        if not stoppable:
+            return [(0, n)]
+        if self.settings.exact:
+            return [(off, min(size, n - off)) for off in range(0, n, size)]
+        pieces, off = [], 0
+        while off < n:
+            m = min(size, n - off, self.ring.room(w.pos + off))
+            pieces.append((off, m))
+            off += m
+        return pieces
 
     def _kept(self, chunks: list[SeqWork]) -> dict[int, int]:
         """Prompt tokens of each chunk in the KV cache after an abort: llama.cpp keeps the

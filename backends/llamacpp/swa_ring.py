@@ -52,5 +52,9 @@ class SwaRing:
             return False
         return pos // self.size == (pos + n_tokens - 1) // self.size
 
+    def room(self, pos: int) -> int:
+        """Tokens from `pos` to the ring's next turn: a micro-batch no longer does not wrap."""
+        return self.size - pos % self.size
+
     def describe(self) -> dict[str, Any]:
         return {"n_swa": self.n_swa, "swa_cells": self.size if self.n_swa else None}
