@@ -53,7 +53,8 @@ class SwaRing:
         return pos // self.size == (pos + n_tokens - 1) // self.size
 
     def room(self, pos: int) -> int:
-        """Tokens from `pos` to the ring's next turn: a micro-batch no longer does not wrap."""
+        """Tokens from `pos` to the ring's next turn: a micro-batch no longer than that does
+        not wrap."""
         return self.size - pos % self.size
 
     def describe(self) -> dict[str, Any]:
