@@ -128,7 +128,7 @@ def test_summary_gives_how_long_chats_waited_for_the_step_running_at_their_arriv
         for c in chats
         if c["class"] == "foreground"
         for s in steps
-        if s["t_start_s"] <= c["arrival_s"] < s["t_start_s"] + s["duration_s"]
+        if s["t_start_s"] < c["arrival_s"] < s["t_start_s"] + s["duration_s"]
     ]
     assert waits and wait["foreground_arrivals_mid_step"] == len(waits)
     assert wait["max_ms"] == pytest.approx(max(waits) * 1e3)

@@ -205,7 +205,9 @@ class RunWriter(Closeable):
         starts = [s.t_start_s for s in spans]  # in order: iterations run one at a time
         waits = []
         for r in records:
-            i = bisect.bisect_right(starts, r["arrival_s"]) - 1
+            # One that starts at the arrival holds the chat (on the simulator's clock the
+            # times are equal): only one started before it keeps the chat waiting.
+            i = bisect.bisect_left(starts, r["arrival_s"]) - 1
             if r["class"] == "foreground" and i >= 0 and spans[i].t_end_s > r["arrival_s"]:
                 waits.append(spans[i].t_end_s - r["arrival_s"])
         return {
