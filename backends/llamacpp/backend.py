@@ -345,7 +345,7 @@ class LlamaCppBackend(Backend):
         n, size = len(w.tokens), self.settings.n_ubatch
         if not stoppable:
             return [(0, n)]
-        if self.settings.exact:
+        if self.settings.exact or not self.ring.known(w.seq_id):  # no cut can make it stop
             return [(off, min(size, n - off)) for off in range(0, n, size)]
         pieces, off = [], 0
         while off < n:

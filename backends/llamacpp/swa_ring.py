@@ -44,13 +44,15 @@ class SwaRing:
     def released(self, seq_id: int) -> None:
         self._from_zero.discard(seq_id)
 
+    def known(self, seq_id: int) -> bool:
+        """Whether the cells of `seq_id`'s positions are known (no window: nothing to know)."""
+        return not self.n_swa or (not self.shared and seq_id in self._from_zero)
+
     def abortable(self, seq_id: int, pos: int, n_tokens: int) -> bool:
         """Whether the micro-batch [pos, pos + n_tokens) of `seq_id` may stop mid-graph."""
-        if not self.n_swa:
-            return True
-        if self.shared or seq_id not in self._from_zero:
+        if not self.known(seq_id):
             return False
-        return pos // self.size == (pos + n_tokens - 1) // self.size
+        return not self.n_swa or pos // self.size == (pos + n_tokens - 1) // self.size
 
     def room(self, pos: int) -> int:
         """Tokens from `pos` to the ring's next turn: a micro-batch no longer than that does
