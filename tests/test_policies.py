@@ -227,6 +227,34 @@ def test_one_stall_is_not_the_margin_and_stalls_cannot_starve_the_documents():
     assert p.decide(chat).budget > 0
 
 
+def test_cadence_leaves_room_for_the_host_time_of_chats_sampled_under_a_grammar():
+    """Iterations whose chat's token was sampled under a JSON schema's grammar took the
+    host 15 ms more: an iteration with two such chats gets fewer document tokens than one
+    with plain chats, by about what 30 ms of prompt work costs."""
+    p = CadencePolicy(itl_ms=150, share=1)
+    p.calibrate(profile())
+    model = p._model
+    exact = model.predict(2, 20, 1, 600)
+    for i in range(32):
+        n = i % 2 * 2
+        p.observe(
+            IterationTiming(
+                exact,
+                2,
+                20,
+                n_decode_foreground=2,
+                n_chunks=1,
+                ctx_work=600,
+                host_s=0.001 + 0.015 * n,
+                n_constrained=n,
+            )
+        )
+    plain = SchedState(1, 0, 2, 2, 2048, decode_ctx=600, next_prompt_left=4000)
+    json_chats = replace(plain, n_constrained=2, n_constrained_foreground=2)
+    fewer = p.decide(plain).budget - p.decide(json_chats).budget
+    assert fewer == pytest.approx(0.030 / p._model.prompt_tokens_s(1), abs=1)  # as refitted
+
+
 def test_cadence_sizes_a_chats_prompt_by_the_chats_own_errors():
     """Deep document chunks miss the model by tens of milliseconds, a chat's shallow chunk
     by a few: the documents' margin must not shrink a waiting chat's chunks (its first

@@ -3,8 +3,11 @@ background preempted at chunk boundaries, admission never over-commits the devic
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from edgeprefill.runtime.core.contract import timing_of
 from edgeprefill.runtime.core.planner import sched_state
-from edgeprefill.runtime.core.request import Status
+from edgeprefill.runtime.core.request import OutputFormat, SamplingParams, Status
 from edgeprefill.runtime.core.scheduler import BackgroundLimits
 from tests import helpers
 from tests.helpers import EOG, make_request, make_scheduler, run_plan
@@ -273,3 +276,18 @@ def test_a_foreground_floor_beats_the_budget_and_leaves_the_background_less():
     assert plan.prefill == {"chat1": 120} and plan.decode == ("chat0",)
     plan = helpers.plan(sched, 200, floor=120)
     assert plan.prefill == {"chat1": 200}  # the budget was larger: it decides
+
+
+def test_rows_sampled_under_a_grammar_are_counted_where_planned_and_where_run():
+    """What cadence charges each constrained row's host time by (`costs.host`)."""
+    sched, _ = make_scheduler()
+    json = SamplingParams(output_format=OutputFormat())
+    sched.add(replace(make_request("chat0", max_tokens=50), sampling=json))
+    sched.add(make_request("chat1", max_tokens=50))
+    sched.add(replace(make_request("doc", "background", max_tokens=50), sampling=json))
+    run_plan(sched, 100)  # every prompt: all three decode from now on
+    state = sched_state(sched.candidates(), 512, None, now_s=0.0)
+    assert (state.n_decode, state.n_constrained, state.n_constrained_foreground) == (3, 2, 1)
+    assert state.without_background_decodes().n_constrained == 1
+    work = sched.work(helpers.plan(sched, 0))
+    assert timing_of(work, 0.1).n_constrained == 2

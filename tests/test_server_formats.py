@@ -147,6 +147,8 @@ def test_a_plain_transcript_answer_ends_with_its_turn(server):
     assert reply.choices[0].finish_reason == "stop"
     # `ignore_eos` runs past it, as past a template's end-of-turn token (greedy, this
     # answer writes the marker within its first tokens).
-    beyond = _chat(client, temperature=0, max_tokens=40, messages=hi, extra_body={"ignore_eos": True})
+    beyond = _chat(
+        client, temperature=0, max_tokens=40, messages=hi, extra_body={"ignore_eos": True}
+    )
     assert "\nUser:" in beyond.choices[0].message.content
     assert beyond.choices[0].finish_reason == "length" and beyond.usage.completion_tokens == 40

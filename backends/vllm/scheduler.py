@@ -120,6 +120,7 @@ class BudgetMixin(_SchedulerBase):
                 admissible=admitted or self._ep_can_admit(r),
                 ttft_slowdown=slowdown,
                 output_left=r.max_tokens - r.num_output_tokens,
+                constrained=r.use_structured_output,
             )
 
         running = [candidate(r, True) for r in self.running]

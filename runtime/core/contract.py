@@ -78,10 +78,12 @@ def timing_of(
     """A completed iteration's timing, its composition counted from the batch it ran (one
     pass over the work: this runs between two device calls, where a chat's token waits)
     and its classes from the `plan` it ran."""
-    n_decode = n_prefill = n_chunks = ctx_work = n_sampled = 0
+    n_decode = n_prefill = n_chunks = ctx_work = n_sampled = n_constrained = 0
     for w in work:
         ctx_work += w.ctx_work
-        n_sampled += w.sample is not None
+        if w.sample is not None:
+            n_sampled += 1
+            n_constrained += w.sample.output_format is not None
         if w.is_decode:
             n_decode += 1
         else:
@@ -98,6 +100,7 @@ def timing_of(
         n_sampled=n_sampled,
         host_s=host_s,
         n_prefill_foreground=0 if plan is None else plan.n_prefill_foreground,
+        n_constrained=n_constrained,
     )
 
 

@@ -49,6 +49,7 @@ class Iteration:
             "prefill": dict(self.plan.prefill),
             "ctx_work": self.timing.ctx_work,
             "n_sampled": self.timing.n_sampled,
+            "n_constrained": self.timing.n_constrained,
             "host_s": self.timing.host_s,
             "policy": self.policy_state,
             "error": self.error,

@@ -45,6 +45,9 @@ class IterationTiming:
     # Of n_prefill, the foreground's prompt tokens: a chat's chunk is shallow and cheap to
     # predict, a document's deep one is not, so policies may weigh their errors apart.
     n_prefill_foreground: int = 0
+    # Of the sampled rows, those sampled under a grammar (a JSON schema, a tool call): each
+    # can cost the host milliseconds a token waits for (`costs.host.HostCost`).
+    n_constrained: int = 0
 
     @property
     def sampled(self) -> int:
@@ -79,6 +82,9 @@ class SchedState:
     # Whether background decodes may be left out of this iteration (the planner bounds how
     # many iterations in a row they are).
     may_defer: bool = True
+    # Of n_decode, the decodes sampled under a grammar, and the foreground's share of them.
+    n_constrained: int = 0
+    n_constrained_foreground: int = 0
 
     @property
     def n_decode_background(self) -> int:
@@ -88,12 +94,14 @@ class SchedState:
         """The state as an iteration that defers the background's decodes (all but
         `riders` of them, each attending to their mean context) will see it."""
         background_ctx = self.decode_ctx - self.decode_ctx_foreground
+        background_constrained = self.n_constrained - self.n_constrained_foreground
         share = riders / self.n_decode_background if self.n_decode_background else 0.0
-        # A copy with two fields set: `dataclasses.replace` (which rebuilds all 18 through
+        # A copy with three fields set: `dataclasses.replace` (which rebuilds all 20 through
         # `__init__`) cost ~6x as much, in most iterations beside a document's decode.
         state = copy.copy(self)
         state.n_decode = self.n_decode_foreground + riders
         state.decode_ctx = self.decode_ctx_foreground + round(background_ctx * share)
+        state.n_constrained = self.n_constrained_foreground + round(background_constrained * share)
         return state
 
 

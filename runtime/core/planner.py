@@ -34,6 +34,7 @@ class Candidate:
     admissible: bool = True  # waiting, and a sequence and KV cells are free for it now
     ttft_slowdown: float | None = None  # relative: its first token within this x its alone
     output_left: int | None = None  # the most tokens it may still generate (None: unknown)
+    constrained: bool = False  # its tokens are sampled under a grammar
 
     @property
     def decodes(self) -> bool:
@@ -71,7 +72,7 @@ def sched_state(
     """One pass over the candidates (planning runs between two device calls, where a
     chat's next token waits)."""
     n_running = n_waiting = n_decode = n_decode_foreground = decode_ctx = decode_ctx_foreground = 0
-    n_prompts_foreground = 0
+    n_prompts_foreground = n_constrained = n_constrained_foreground = 0
     ends: int | None = None  # the fewest tokens a foreground decode may still generate
     for c in candidates:
         n_prompts_foreground += c.cls == "foreground" and c.prompt_left > 0
@@ -82,9 +83,11 @@ def sched_state(
         else:
             n_decode += 1
             decode_ctx += c.computed + 1
+            n_constrained += c.constrained
             if c.cls == "foreground":
                 n_decode_foreground += 1
                 decode_ctx_foreground += c.computed + 1
+                n_constrained_foreground += c.constrained
                 if c.output_left is not None and (ends is None or c.output_left < ends):
                     ends = c.output_left
     head = _prompt_head(candidates)
@@ -109,6 +112,8 @@ def sched_state(
         foreground_prompts_behind=max(n_prompts_foreground - 1, 0) if lead is not None else 0,
         foreground_decode_ends=ends,
         may_defer=may_defer,
+        n_constrained=n_constrained,
+        n_constrained_foreground=n_constrained_foreground,
     )
 
 

@@ -147,6 +147,7 @@ class Scheduler:
                 r.ttft_target_s,
                 ttft_slowdown=r.ttft_slowdown,
                 output_left=r.max_tokens - len(r.output),
+                constrained=r.sampling.output_format is not None,
             )
             for r in self.running
         ]

@@ -43,6 +43,7 @@ class Rows:
         self.xy = np.zeros((cap, N_FEATURES + 1))
         self.x, self.y = self.xy[:, :N_FEATURES], self.xy[:, N_FEATURES]
         self.host = np.zeros(cap)  # host time, NaN where a timing had none
+        self.constrained = np.zeros(cap)  # rows sampled under a grammar
         self._mixed = np.zeros(cap, dtype=bool)  # foreground decodes beside prompt work
         self.n = 0
         self._next = 0
@@ -61,14 +62,20 @@ class Rows:
         cap = len(self.y)
         new = np.array(
             [
-                (*features(t), t.duration_s, np.nan if t.host_s is None else t.host_s)
+                (
+                    *features(t),
+                    t.duration_s,
+                    np.nan if t.host_s is None else t.host_s,
+                    t.n_constrained,
+                )
                 for t in self._pending[-cap:]
             ]
         )
         mixed = [bool(t.n_decode_foreground and t.n_prefill) for t in self._pending[-cap:]]
         at = (self._next + np.arange(len(new))) % cap
         self.xy[at] = new[:, : N_FEATURES + 1]
-        self.host[at] = new[:, -1]
+        self.host[at] = new[:, -2]
+        self.constrained[at] = new[:, -1]
         self._mixed[at] = mixed
         self._next = int(at[-1] + 1) % cap
         self._pending.clear()
@@ -82,11 +89,15 @@ class Rows:
         self._write()
         return self._mixed
 
-    def rows(self, where: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(features, durations, host times) of the rows held, or of those `where` marks."""
+    def rows(
+        self, where: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(features, durations, host times, constrained rows) of the rows held, or of
+        those `where` marks."""
         self._write()
         keep = slice(0, self.n) if where is None else where[: self.n]
-        return self.x[: self.n][keep], self.y[: self.n][keep], self.host[: self.n][keep]
+        held = (self.x, self.y, self.host, self.constrained)
+        return tuple(a[: self.n][keep] for a in held)  # type: ignore[return-value]
 
     def normal(self) -> np.ndarray:
         """[X y]'[X y] over the rows held: X'X, X'y and y'y in one 5x5 product."""
@@ -132,7 +143,7 @@ class OnlineFit:
         if coef is None:
             coef = self._constrained(g)
             if coef is None:  # rank-deficient: solve on the rows themselves
-                x, y, _ = self.recent.rows()
+                x, y, *_ = self.recent.rows()
                 return CostModel.fit_arrays(
                     np.vstack([self._anchor, x]), np.concatenate([self._anchor_y, y])
                 )

@@ -1,6 +1,7 @@
 """What cadence takes off its target for what the model cannot know: a shared machine's
 jitter, its own misfit, and the host's time between device calls (a foreground token waits
-for it too: the target is a gap between tokens a user sees, not a device time).
+for it too: the target is a gap between tokens a user sees, not a device time), counted
+per row sampled under a grammar (`costs.host.HostCost`).
 
 Errors are those of the model in use, on the recent iterations that held foreground decodes
 beside prompt work, so a model corrected early in a run does not keep paying for its first
@@ -12,12 +13,10 @@ unpredictability.
 
 from __future__ import annotations
 
-import statistics
-from collections import deque
-
 import numpy as np
 
 from edgeprefill.runtime.core.costs.costmodel import CostModel
+from edgeprefill.runtime.core.costs.host import HostCost
 from edgeprefill.runtime.core.plan import IterationTiming
 from edgeprefill.runtime.policies.cadence.fit import MIN_RECENT, Rows
 
@@ -38,13 +37,12 @@ class TailMargins:
         self.margin_s = 0.0  # for foreground decodes beside prompt work
         self.prompt_margin_s: float | None = None  # for a foreground prompt's chunk
         self._prompts = Rows(KEPT)
-        self._host: deque[float] = deque(maxlen=KEPT)
-        self.host_s = 0.0  # the host's share of a token gap: median of recent iterations
+        self.host = HostCost(KEPT)  # the host's share of a token gap
 
     def add(self, timing: IterationTiming) -> None:
         """A completed iteration: its host time, and its errors if it held only foreground prompt work."""
-        if timing.n_decode_foreground and timing.host_s is not None:
-            self._host.append(timing.host_s)
+        if timing.n_decode_foreground:
+            self.host.add(timing)
         if timing.n_decode_foreground and 0 < timing.n_prefill == timing.n_prefill_foreground:
             self._prompts.append(timing)
 
@@ -59,10 +57,9 @@ class TailMargins:
         return timing.duration_s - predicted > self.margin_s
 
     def update(self, model: CostModel, recent: Rows) -> None:
-        """Re-measure the host median and both margins against `model` (just refitted to
+        """Re-measure the host's cost and both margins against `model` (just refitted to
         `recent`)."""
-        if self._host:
-            self.host_s = statistics.median(self._host)
+        self.host.update()
         mixed = recent.mixed[: len(recent)]
         if mixed.sum() >= MIN_RECENT:
             self.margin_s = self._tail_error(model, *recent.rows(mixed))
@@ -70,10 +67,15 @@ class TailMargins:
             self.prompt_margin_s = self._tail_error(model, *self._prompts.rows())
 
     def _tail_error(
-        self, model: CostModel, x: np.ndarray, y: np.ndarray, host: np.ndarray
+        self,
+        model: CostModel,
+        x: np.ndarray,
+        y: np.ndarray,
+        host: np.ndarray,
+        constrained: np.ndarray,
     ) -> float:
         """The gap a person sees, at `tail_pct`: the device's error plus the host's
-        deviation from the median that the target already takes off.
+        deviation from its predicted time, which the target already takes off.
 
         The tail is the error that the `100 - tail_pct` percent of samples above it may
         exceed, and at least one sample always may: a percentile of a few dozen samples is
@@ -81,7 +83,8 @@ class TailMargins:
         as it stays in the sample (seen: one 169 ms iteration, of a kind that takes ~80 ms,
         put a chat's prompt margin at its 50 ms cap for the rest of a run; three chats'
         prompts then ran in half-full iterations and waited 0.8-1 s for their first token)."""
-        deviation = host - self.host_s
+        predicted = self.host.base_s + self.host.per_constrained_s * constrained
+        deviation = host - predicted
         deviation[np.isnan(deviation)] = 0.0  # no host time recorded: none to add
         errors = np.sort(y - x @ model.coef + deviation)
         above = max(1, int(len(errors) * (100 - self.tail_pct) / 100))

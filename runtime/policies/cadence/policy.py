@@ -126,11 +126,13 @@ class CadencePolicy(BudgetPolicy):
         _, margins, credit = self._parts()
         assert self._balance is not None
         self._balance.note(state)
-        target = self._itl_s - margins.margin_s - margins.host_s
-        defer = self._defers(state, target, credit)
-        riders = None if defer else self._riders(state, target)
+        # With every decode in it: whether the background's decodes ride is decided on it.
+        full = self._target(margins, state)
+        defer = self._defers(state, full, credit)
+        riders = None if defer else self._riders(state, full)
         seen = state.without_background_decodes(riders or 0) if defer or riders else state
-        chat_target = self._prompt_target(margins, self._balance.gap_s(self._model, seen))
+        target = self._target(margins, seen)
+        chat_target = self._prompt_target(margins, self._balance.gap_s(self._model, seen), seen)
         budget, reason = self._budget(seen, target, chat_target, credit)
         floor = None
         if state.foreground_prompt_left:
@@ -138,7 +140,7 @@ class CadencePolicy(BudgetPolicy):
             # The guaranteed rate keeps to the ITL target and its own rule where the decodes
             # alone fill it: capped at the balanced gap instead, a late chat beside three
             # decodes of 110 ms got 13 tokens an iteration, and waited 6x its prompt alone.
-            itl_target = self._prompt_target(margins, self._itl_s)
+            itl_target = self._prompt_target(margins, self._itl_s, seen)
             floor = first_token_floor(self._model, seen, ttft, itl_target)
         return Decision(budget, floor, 0 if defer else riders, reason=reason)
 
@@ -177,12 +179,17 @@ class CadencePolicy(BudgetPolicy):
         )
         return next(fits, 1)
 
-    def _prompt_target(self, margins: TailMargins, gap_s: float) -> float:
+    def _target(self, margins: TailMargins, state: SchedState) -> float:
+        """The device's share of the ITL target for an iteration of `state`'s decodes: the
+        host's time for them (each row under a grammar counted) and the margin taken off."""
+        return self._itl_s - margins.margin_s - margins.host.predict(state.n_constrained)
+
+    def _prompt_target(self, margins: TailMargins, gap_s: float, state: SchedState) -> float:
         """The target an iteration with a chat's prompt chunk is sized to: the token gap
         `gap_s` less the tail of the chats' own errors (a shallow chunk is cheap to
         predict), else of all."""
         margin = margins.margin_s if margins.prompt_margin_s is None else margins.prompt_margin_s
-        return gap_s - margin - margins.host_s
+        return gap_s - margin - margins.host.predict(state.n_constrained)
 
     def _budget(
         self, state: SchedState, target: float, chat_target: float, credit: ShareCredit
@@ -245,7 +252,8 @@ class CadencePolicy(BudgetPolicy):
             "budget": self._last_budget,
             "margin_ms": 0.0 if margins is None else margins.margin_s * 1e3,
             "prompt_margin_ms": None if prompt_margin is None else prompt_margin * 1e3,
-            "host_ms": 0.0 if margins is None else margins.host_s * 1e3,
+            "host_ms": 0.0 if margins is None else margins.host.base_s * 1e3,
+            "host_constrained_ms": 0.0 if margins is None else margins.host.per_constrained_s * 1e3,
             "credit_ms": 0.0 if credit is None else credit.credit_s * 1e3,
             "model_ms": None
             if m is None
