@@ -10,7 +10,9 @@ from typing import Any
 
 from edgeprefill.runtime.core.contract import Tokenizer, plain_transcript
 
-_MARK = "\x1eEDGEPREFILL_MESSAGE_{}\x1e"
+# What stands in for a message's content while the template renders: no whitespace at its
+# ends, which templates `trim` (Gemma 3's and Llama 3's do), and no control string.
+_MARK = "[[EDGEPREFILL_MESSAGE_{}]]"
 # What opens the next turn in the plain transcript a model without a chat template gets.
 PLAIN_NEXT_TURN = "\nUser:"
 
