@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from edgeprefill.runtime.core.candidate import Candidate
 from edgeprefill.runtime.core.costs.costmodel import CostModel
 from edgeprefill.runtime.core.costs.iteration_limit import (
     FIRST_PROMPT,
@@ -19,7 +20,7 @@ from edgeprefill.runtime.core.costs.iteration_limit import (
 )
 from edgeprefill.runtime.core.costs.profile import DeviceProfile
 from edgeprefill.runtime.core.plan import SchedState
-from edgeprefill.runtime.core.planner import Candidate, Planner
+from edgeprefill.runtime.core.planner import Planner
 from edgeprefill.runtime.policies import parse_policy
 from edgeprefill.runtime.runner.calibration import save_profile
 
@@ -94,7 +95,7 @@ class HalfGuard:
 
 
 def test_the_planner_caps_documents_only_steps_and_keeps_a_smaller_cap():
-    doc = Candidate("background", 1000, 5000, 0.0)
+    doc = Candidate("doc", "background", 1000, 5000, 0.0)
     limit = IterationLimit(profile(SLOW))
     decision = Planner(parse_policy("unlimited"), iteration_limit=limit).decide([doc], 2048, 0.0)
     state = Planner(parse_policy("unlimited")).state([doc], 2048, 0.0)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from edgeprefill.runtime.core.budget import BudgetPolicy
+from edgeprefill.runtime.core.candidate import Candidate
 from edgeprefill.runtime.core.plan import Decision
-from edgeprefill.runtime.core.planner import MAX_DEFERRED, Candidate, Planner
+from edgeprefill.runtime.core.planner import MAX_DEFERRED, Planner
 from edgeprefill.runtime.policies import parse_policy
 
 
@@ -17,8 +18,8 @@ class AlwaysDefer(BudgetPolicy):
         return Decision(0, background_decodes=0, reason="test")
 
 
-CHAT = Candidate("foreground", 300, 0, 0.0)  # decoding
-DOC = Candidate("background", 3000, 0, 0.0)  # decoding
+CHAT = Candidate("chat", "foreground", 300, 0, 0.0)  # decoding
+DOC = Candidate("doc", "background", 3000, 0, 0.0)  # decoding
 
 
 def test_background_decodes_are_never_deferred_more_than_max_deferred_in_a_row():
@@ -31,7 +32,7 @@ def test_background_decodes_are_never_deferred_more_than_max_deferred_in_a_row()
 
 
 def test_a_chats_prompt_defers_documents_decodes_for_a_capping_policy_only():
-    waiting_chat = Candidate("foreground", 0, 200, 1.0, ttft_target_s=1.0, admitted=False)
+    waiting_chat = Candidate("chat1", "foreground", 0, 200, 1.0, ttft_target_s=1.0, admitted=False)
     for spec, defers in (("static:64", True), ("ppas:bcap=32", True), ("unlimited", False)):
         decision = Planner(parse_policy(spec)).decide([DOC, waiting_chat], 512, 1.5)
         assert decision.defers_background_decodes == defers, spec
@@ -73,5 +74,22 @@ def test_background_decodes_wait_only_for_the_foregrounds_sake():
     decodes would leave it empty: the planner refuses, whatever the policy asks."""
     planner = Planner(AlwaysDefer())
     assert not planner.decide([DOC], 512, 0.0).defers_background_decodes
-    waiting_chat = Candidate("foreground", 0, 200, 0.0, admitted=False)
+    waiting_chat = Candidate("chat1", "foreground", 0, 200, 0.0, admitted=False)
     assert planner.decide([DOC, waiting_chat], 512, 0.0).defers_background_decodes
+
+
+def test_prompts_compute_foreground_first_then_in_order_and_a_waiting_one_blocks_those_behind():
+    """The one order the decision reads its next prompt in and the plan computes in."""
+    from edgeprefill.runtime.core.candidate import prompt_order
+
+    rows = [
+        Candidate("doc0", "background", 500, 1500, 0.0),
+        Candidate("chat0", "foreground", 40, 160, 0.5),
+        DOC,
+        CHAT,
+        Candidate("chat1", "foreground", 0, 300, 0.6, admitted=False),
+        Candidate("doc1", "background", 0, 4000, 0.1, admitted=False, admissible=False),
+        Candidate("doc2", "background", 0, 900, 0.2, admitted=False),  # fits, but FCFS
+    ]
+    assert [c.id for c in prompt_order(rows)] == ["chat0", "chat1", "doc0"]
+    assert Planner(parse_policy("unlimited")).state(rows, 2048, 1.0).next_prompt_left == 160

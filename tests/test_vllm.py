@@ -521,7 +521,7 @@ def vllm_candidates(scheduler, script_state, t0):
     scheduler.running, scheduler.waiting = running, waiting
     try:
         candidates = scheduler._ep_candidates()
-        return candidates, scheduler._ep_rows(candidates)
+        return candidates, [c for c in candidates if c.admitted or c.admissible]
     finally:
         scheduler.running, scheduler.waiting = held
         for rid, *_ in script_state:

@@ -34,11 +34,12 @@ from edgeprefill.backends.vllm.iterations import (
     prompt_left,
 )
 from edgeprefill.runtime.core.budget import BackgroundCap, BudgetPolicy
+from edgeprefill.runtime.core.candidate import Candidate
 from edgeprefill.runtime.core.contract import ctx_work
 from edgeprefill.runtime.core.costs.iteration_limit import IterationLimit
 from edgeprefill.runtime.core.plan import Plan
-from edgeprefill.runtime.core.planner import Candidate, Planner
-from edgeprefill.runtime.core.planning import Chunking, PlanRow, make_plan
+from edgeprefill.runtime.core.planner import Planner
+from edgeprefill.runtime.core.planning import Chunking, make_plan
 from edgeprefill.runtime.policies import parse_policy
 
 if not hasattr(Scheduler, "_reserve_prefill_lookahead"):  # private API: checked at import
@@ -111,6 +112,7 @@ class BudgetMixin(_SchedulerBase):
         def candidate(r: Any, admitted: bool) -> Candidate:
             target, slowdown = self.ep_ttft_targets.get(r.request_id, (None, None))
             return Candidate(
+                r.request_id,
                 class_of(r.priority),
                 r.num_computed_tokens,
                 _left(r),
@@ -121,6 +123,7 @@ class BudgetMixin(_SchedulerBase):
                 ttft_slowdown=slowdown,
                 output_left=r.max_tokens - r.num_output_tokens,
                 constrained=r.use_structured_output,
+                outputs=r.num_output_tokens,
             )
 
         running = [candidate(r, True) for r in self.running]
@@ -131,7 +134,11 @@ class BudgetMixin(_SchedulerBase):
         n_batch = self.max_num_scheduled_tokens
         candidates = self._ep_candidates()
         decision = self.ep_planner.decide(candidates, n_batch, time.time())
-        plan = make_plan(decision, self._ep_rows(candidates), Chunking(n_batch))
+        # The running requests and the waiting ones that can be admitted now. vLLM
+        # schedules running requests before waiting ones whatever their priority; the
+        # plan puts a waiting chat's prompt before a running document's, as on llama.cpp.
+        rows = [c for c in candidates if c.admitted or c.admissible]
+        plan = make_plan(decision, rows, Chunking(n_batch))
         self._ep_defer = frozenset(plan.deferred)
         self._ep_grant = dict(plan.prefill) if decision.constrains else None
         try:
@@ -141,18 +148,6 @@ class BudgetMixin(_SchedulerBase):
         if out.total_num_scheduled_tokens > 0:
             self.ep_ledger.add(self._ep_record(out, t_start, plan))
         return out
-
-    def _ep_rows(self, candidates: list[Candidate]) -> list[PlanRow]:
-        """The running requests and the waiting ones that can be admitted now, as the plan
-        sees them (`candidates` lists them in the same order). vLLM schedules running
-        requests before waiting ones whatever their priority; the plan puts a waiting
-        chat's prompt before a running document's, as on llama.cpp."""
-        requests = [*self.running, *self.waiting]
-        return [
-            PlanRow(r.request_id, c.cls, c.prompt_left, r.num_output_tokens)
-            for r, c in zip(requests, candidates, strict=True)
-            if c.admitted or c.admissible
-        ]
 
     def _ep_can_admit(self, request: Any) -> bool:
         """Whether a waiting request has a sequence slot and KV blocks now: holding

@@ -168,10 +168,9 @@ class Engine:
         return spent
 
     def _plan(self, now_s: float) -> Plan:
-        decision = self.planner.decide(
-            self.scheduler.candidates(), self.backend.capacity.n_batch, now_s
-        )
-        return self.scheduler.plan(decision)
+        candidates = self.scheduler.candidates()
+        decision = self.planner.decide(candidates, self.backend.capacity.n_batch, now_s)
+        return self.scheduler.plan(decision, candidates)
 
     def _execute(self, plan: Plan) -> Executed:
         """Run the plan on the backend. A chat arriving meanwhile stops the documents'

@@ -1,7 +1,6 @@
 """One decision per iteration, the same on both engines.
 
-Each engine lists its requests as `Candidate`s (the runtime's `Scheduler` from its own
-requests, the vLLM adapter from vLLM's running and waiting queues); `sched_state` turns them
+Each engine lists its requests as `Candidate`s (`candidate`); `sched_state` turns them
 into the one `SchedState`, so a policy decides from the same facts on both. The `Planner`
 builds that state, asks the policy once, lets the thermal guard cap the background's share,
 bounds how long background decodes wait and, on a backend that cannot stop an iteration, how
@@ -12,54 +11,13 @@ into the iteration's `Plan`, again the same on both.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from edgeprefill.runtime.core.budget import BackgroundCap, BudgetPolicy
+from edgeprefill.runtime.core.candidate import Candidate, prompt_order
 from edgeprefill.runtime.core.costs.iteration_limit import IterationLimit
 from edgeprefill.runtime.core.plan import Decision, IterationTiming, SchedState
-from edgeprefill.runtime.core.request import CLASSES, RequestClass
-
-
-@dataclass  # not frozen: one is built every iteration (see core/plan.py)
-class Candidate:
-    """One request as planning sees it, whichever engine holds it."""
-
-    cls: RequestClass
-    computed: int  # tokens in its KV cache (for a decode: its prompt and outputs fed back)
-    prompt_left: int  # prompt tokens still to compute (0: it decodes)
-    arrival_s: float  # on the clock `sched_state` is given `now_s` on
-    ttft_target_s: float | None = None  # absolute, where its caller gave one
-    admitted: bool = True  # holds a sequence (False: waiting for one)
-    admissible: bool = True  # waiting, and a sequence and KV cells are free for it now
-    ttft_slowdown: float | None = None  # relative: its first token within this x its alone
-    output_left: int | None = None  # the most tokens it may still generate (None: unknown)
-    constrained: bool = False  # its tokens are sampled under a grammar
-
-    @property
-    def decodes(self) -> bool:
-        return self.admitted and self.prompt_left == 0
-
-
-def _prompt_head(candidates: Sequence[Candidate]) -> Candidate | None:
-    """Who computes prompt work first: foreground before background; within a class, the
-    first started prompt (in the order given), else the first waiting one if it can be
-    admitted (FCFS: a long document is not starved by short ones)."""
-    started: dict[str, Candidate] = {}
-    waiting: dict[str, Candidate] = {}
-    for c in candidates:
-        if c.admitted:
-            if c.prompt_left and c.cls not in started:
-                started[c.cls] = c
-        elif c.cls not in waiting:
-            waiting[c.cls] = c
-    for cls in CLASSES:
-        if cls in started:
-            return started[cls]
-        head = waiting.get(cls)
-        if head is not None and head.admissible:
-            return head
-    return None
 
 
 def sched_state(
@@ -90,7 +48,7 @@ def sched_state(
                 n_constrained_foreground += c.constrained
                 if c.output_left is not None and (ends is None or c.output_left < ends):
                     ends = c.output_left
-    head = _prompt_head(candidates)
+    head = next(prompt_order(candidates), None)
     # the foreground prompt next in line, if a foreground one is next
     lead = head if head is not None and head.cls == "foreground" else None
     return SchedState(

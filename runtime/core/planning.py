@@ -1,7 +1,8 @@
 """A decision becomes a plan: one pure function, the same on both engines.
 
 The llama.cpp scheduler lists its running requests, the vLLM adapter vLLM's running and
-admissible waiting ones, each as `PlanRow`s; `make_plan` applies the rules every iteration
+admissible waiting ones, each as the `Candidate` its decision was made from; `make_plan`
+applies the rules every iteration
 follows (decodes first, background decodes deferred as decided, foreground prompts before
 background ones, the first foreground prompt's floor, the background cap, a chat's prompt
 alone when no budget was set, chunks cut only where greedy output stays the same) and
@@ -14,20 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from edgeprefill.runtime.core.candidate import Candidate, prompt_order
 from edgeprefill.runtime.core.plan import Decision, Plan, riders
-from edgeprefill.runtime.core.request import CLASSES, RequestClass
-
-
-@dataclass  # not frozen: rows are built every iteration (see core/plan.py)
-class PlanRow:
-    """One request as a plan sees it."""
-
-    id: str
-    cls: RequestClass
-    # Prompt tokens its next chunk may take (on llama.cpp, up to a prefix's save point);
-    # 0: it decodes.
-    prompt_left: int
-    outputs: int = 0  # output tokens so far: deferred background decodes go round robin
 
 
 @dataclass(frozen=True)
@@ -41,7 +30,7 @@ class Chunking:
     max_chunk: int | None = None
 
 
-def make_plan(decision: Decision, rows: Sequence[PlanRow], chunking: Chunking) -> Plan:
+def make_plan(decision: Decision, rows: Sequence[Candidate], chunking: Chunking) -> Plan:
     """Decode tokens first, then prompt chunks up to the budget (None: fill n_batch), of
     which background prompts get at most `background_cap`; the first foreground prompt gets
     at least `floor` tokens (sized by its TTFT target), which leaves the background that
@@ -67,7 +56,7 @@ def make_plan(decision: Decision, rows: Sequence[PlanRow], chunking: Chunking) -
     )
     prefill: dict[str, int] = {}
     foreground_planned = False  # a foreground prompt chunk is planned
-    for row in _prefill_order(rows):
+    for row in prompt_order(rows):
         floor = (decision.floor or 0) if row.cls == "foreground" and not foreground_planned else 0
         if left == 0 and not floor:
             break
@@ -89,7 +78,7 @@ def make_plan(decision: Decision, rows: Sequence[PlanRow], chunking: Chunking) -
             avail, full = min(floor, room - sum(prefill.values())), True
         else:
             avail, full = left, left == budget_cap
-        n = _chunk(chunking, row.prompt_left, avail, full, room) if avail else 0
+        n = _chunk(chunking, row.next_chunk_max, avail, full, room) if avail else 0
         if n == 0:
             continue
         prefill[row.id] = n
@@ -100,12 +89,8 @@ def make_plan(decision: Decision, rows: Sequence[PlanRow], chunking: Chunking) -
     return Plan(decision, decode, prefill, deferred, foreground)
 
 
-def _outputs(row: PlanRow) -> int:
+def _outputs(row: Candidate) -> int:
     return row.outputs
-
-
-def _prefill_order(rows: Sequence[PlanRow]) -> list[PlanRow]:
-    return [r for cls in CLASSES for r in rows if r.cls == cls and r.prompt_left > 0]
 
 
 def _chunk(chunking: Chunking, remaining: int, left: int, full: bool, room: int) -> int:

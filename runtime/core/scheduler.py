@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edgeprefill.runtime.core.candidate import Candidate
 from edgeprefill.runtime.core.contract import Capacity, SeqWork
 from edgeprefill.runtime.core.parked import ParkedSequences
 from edgeprefill.runtime.core.plan import Decision, Plan
-from edgeprefill.runtime.core.planner import Candidate
-from edgeprefill.runtime.core.planning import PlanRow, make_plan
+from edgeprefill.runtime.core.planning import make_plan
 from edgeprefill.runtime.core.request import CLASSES, Request, RequestClass, Status, TokenLogprob
 
 
@@ -140,6 +140,7 @@ class Scheduler:
         waiting ones in arrival order."""
         out = [
             Candidate(
+                r.id,
                 r.cls,
                 r.num_computed + r.decode_tokens_fed,
                 r.remaining_prompt,
@@ -148,12 +149,15 @@ class Scheduler:
                 ttft_slowdown=r.ttft_slowdown,
                 output_left=r.max_tokens - len(r.output),
                 constrained=r.sampling.output_format is not None,
+                outputs=len(r.output),
+                chunk_limit=self._left(r) if r.remaining_prompt else None,
             )
             for r in self.running
         ]
         for cls in CLASSES:
             out += [
                 Candidate(
+                    r.id,
                     r.cls,
                     0,
                     r.prompt_len,
@@ -187,13 +191,10 @@ class Scheduler:
     def _prompt_admitted(self, cls: RequestClass) -> int:
         return sum(r.remaining_prompt for r in self.running if r.cls == cls)
 
-    def plan(self, decision: Decision) -> Plan:
+    def plan(self, decision: Decision, candidates: list[Candidate] | None = None) -> Plan:
         """The decision as this iteration's plan (`make_plan`), over the running requests
-        in admission order."""
-        rows = [
-            PlanRow(r.id, r.cls, self._left(r) if r.status is Status.PREFILL else 0, len(r.output))
-            for r in self.running
-        ]
+        of `candidates` (those the decision was made from; None: as they are now)."""
+        rows = [c for c in candidates or self.candidates() if c.admitted]
         return make_plan(decision, rows, self.capacity.chunking)
 
     def save_point(self, req: Request) -> int | None:
