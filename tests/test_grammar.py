@@ -79,3 +79,54 @@ def test_a_greedy_answer_under_a_grammar_is_the_one_the_whole_vocabularys_pass_g
     assert answers() == fast
     for output in fast:
         json.loads(be.tokenizer.decode(output))  # within 40 tokens, the grammar ended it
+
+
+@pytest.mark.slow
+def test_the_first_characters_leave_exactly_the_tokens_the_whole_vocabularys_pass_leaves(
+    make_backend,
+):
+    """At each state of a walk through a JSON schema's grammar (the opening brace, keys'
+    names, strings, an array, the end), the tokens checked after their first characters
+    are allowed are exactly the tokens the grammar allows of the whole vocabulary."""
+    import ctypes
+
+    import llama_cpp as lc
+    import numpy as np
+
+    from edgeprefill.backends.llamacpp.first_chars import FirstChars
+    from edgeprefill.backends.llamacpp.native import _TOKEN_DATA, _GrammarCheck
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "title": {"type": "string", "maxLength": 6},
+            "tags": {"type": "array", "items": {"enum": ["ñandú", "b"]}, "maxItems": 2},
+        },
+        "required": ["title", "tags"],
+        "additionalProperties": False,
+    }
+    vocab = make_backend().model.vocab
+    n_vocab = lc.llama_vocab_n_tokens(vocab)
+    grammar = output_grammar(OutputFormat(json.dumps(schema)))
+    check = _GrammarCheck(vocab, n_vocab, grammar, True, FirstChars(vocab, n_vocab))
+    rng = np.random.default_rng(0)
+
+    def allowed(filtered: bool) -> np.ndarray:
+        data = np.zeros(n_vocab, _TOKEN_DATA)
+        data["id"], data["logit"] = np.arange(n_vocab), 1.0
+        array = _GrammarCheck._array(data)
+        if filtered:
+            check._filter(data, array)
+        else:
+            lc.llama_sampler_apply(check.ptr, ctypes.byref(array))
+        return np.isfinite(data["logit"])
+
+    try:
+        for _ in range(40):
+            whole = allowed(filtered=False)
+            assert np.array_equal(allowed(filtered=True), whole)
+            if not whole.any() or lc.llama_vocab_is_eog(vocab, int(np.flatnonzero(whole)[0])):
+                break
+            lc.llama_sampler_accept(check.ptr, int(rng.choice(np.flatnonzero(whole))))
+    finally:
+        check.close()

@@ -20,6 +20,7 @@ from typing import Any
 import llama_cpp as lc
 
 from edgeprefill.backends.cache import kv_cache_dir
+from edgeprefill.backends.llamacpp.first_chars import FirstChars
 from edgeprefill.backends.llamacpp.grammar import output_grammar
 from edgeprefill.backends.llamacpp.logprobs import token_logprob
 from edgeprefill.backends.llamacpp.memory import KvFootprint, check_fits
@@ -134,6 +135,7 @@ class LlamaCppBackend(Backend):
         self._stack = ExitStack()
         self._samplers: dict[int, LlamaSampler] = {}
         self._parsed_formats: set[OutputFormat] = set()
+        self._first_chars: FirstChars | None = None  # read at the first output format
         try:
             self.model = self._stack.enter_context(closing(self._load(path)))
             self.n_threads = config.n_threads or default_threads()
@@ -405,7 +407,7 @@ class LlamaCppBackend(Backend):
         if sampler is None:
             fmt = params.output_format
             grammar = None if fmt is None else output_grammar(fmt)
-            sampler = LlamaSampler(params, self.model.vocab, grammar)
+            sampler = LlamaSampler(params, self.model.vocab, grammar, self._first_chars)
             self._samplers[seq_id] = sampler
         return sampler
 
@@ -416,6 +418,9 @@ class LlamaCppBackend(Backend):
         fmt = sampling.output_format
         if fmt is None or fmt in self._parsed_formats:
             return
+        if self._first_chars is None:  # read here, off the engine thread, once
+            vocab = self.model.vocab
+            self._first_chars = FirstChars(vocab, lc.llama_vocab_n_tokens(vocab))
         LlamaSampler(sampling, self.model.vocab, output_grammar(fmt)).close()
         if len(self._parsed_formats) >= 256:
             self._parsed_formats.clear()

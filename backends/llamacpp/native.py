@@ -19,6 +19,7 @@ from typing import Any
 import llama_cpp as lc
 import numpy as np
 
+from edgeprefill.backends.llamacpp.first_chars import FirstChars
 from edgeprefill.runtime.core.contract import SeqWork
 from edgeprefill.runtime.core.request import SamplingParams
 
@@ -395,11 +396,18 @@ class LlamaSampler(Native):
     free = lc.llama_sampler_free
     grammar: _GrammarCheck | None = None
 
-    def __init__(self, params: SamplingParams, vocab: Any, grammar: str | None = None) -> None:
-        """`grammar`: GBNF the output must match (root rule `root`)."""
+    def __init__(
+        self,
+        params: SamplingParams,
+        vocab: Any,
+        grammar: str | None = None,
+        first_chars: FirstChars | None = None,
+    ) -> None:
+        """`grammar`: GBNF the output must match (root rule `root`); `first_chars`: the
+        vocabulary's, where read (the grammar then filters only the tokens they leave)."""
         n_vocab = lc.llama_vocab_n_tokens(vocab)
         if grammar is not None:
-            self.grammar = _GrammarCheck(vocab, n_vocab, grammar, params.greedy)
+            self.grammar = _GrammarCheck(vocab, n_vocab, grammar, params.greedy, first_chars)
         self.ptr = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
         if params.logit_bias:
             biases = (lc.llama_logit_bias * len(params.logit_bias))(
@@ -462,11 +470,16 @@ class _GrammarCheck(Native):
 
     free = lc.llama_sampler_free
 
-    def __init__(self, vocab: Any, n_vocab: int, grammar: str, greedy: bool) -> None:
+    def __init__(
+        self, vocab: Any, n_vocab: int, grammar: str, greedy: bool, first_chars: FirstChars | None
+    ) -> None:
         self.ptr = lc.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
         if not self.ptr:
             raise ValueError("llama.cpp could not parse the output's grammar")
-        self.n_vocab, self.greedy = n_vocab, greedy
+        self.n_vocab, self.greedy, self.first_chars = n_vocab, greedy, first_chars
+        if first_chars is not None:
+            self.probes = np.zeros(len(first_chars.probe_ids), _TOKEN_DATA)
+            self.probes["id"] = first_chars.probe_ids
         self.one = np.zeros(1, _TOKEN_DATA)
         self._one = self._array(self.one)
         self.blocks = [np.zeros(min(n, n_vocab), _TOKEN_DATA) for n in _BLOCKS]
@@ -501,9 +514,26 @@ class _GrammarCheck(Native):
         data["id"], data["logit"], data["p"] = ids, row, 0.0
         array.size, array.selected, array.sorted = self.n_vocab, -1, False
         if constrained:
-            lc.llama_sampler_apply(self.ptr, ctypes.byref(array))
+            self._filter(data, array)
         lc.llama_sampler_apply(chain, ctypes.byref(array))
         return int(array.data[array.selected].id)  # a sampler may have moved the data
+
+    def _filter(self, data: np.ndarray, array: Any) -> None:
+        """The grammar's filter over the vocabulary (`data`, in id order): over only the
+        tokens whose first character it allows, where the first characters are known
+        (`first_chars`: the same tokens left, for a fraction of the time)."""
+        first_chars = self.first_chars
+        if first_chars is None:
+            lc.llama_sampler_apply(self.ptr, ctypes.byref(array))
+            return
+        probes = self.probes
+        probes["logit"], probes["p"] = 0.0, 0.0
+        lc.llama_sampler_apply(self.ptr, ctypes.byref(self._array(probes)))
+        ids = first_chars.candidates(np.isfinite(probes["logit"]))
+        kept = data[ids]
+        lc.llama_sampler_apply(self.ptr, ctypes.byref(self._array(kept)))
+        data["logit"] = -np.inf
+        data["logit"][ids] = kept["logit"]
 
     def _likeliest_allowed(self) -> int | None:
         """Among the candidates the greedy chain just scored highest (its logit bias and
