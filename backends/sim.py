@@ -109,8 +109,8 @@ class SimTokenizer:
     ) -> str:
         return plain_transcript(messages)
 
-    def tagged_tool_calls(self) -> bool:
-        return False
+    def tool_calls_form(self) -> str:
+        return "json"
 
     def piece(self, token: int) -> bytes:
         return f" w{token}".encode()

@@ -65,20 +65,24 @@ def output_grammar(output_format: OutputFormat) -> str:
 
 def _convert(schema: object, output_format: OutputFormat) -> str:
     """The converter's grammar for the schema (llama-cpp-python's `json_schema_to_gbnf`,
-    with the JSON under a rule of its own where a tag is written around it)."""
+    with the JSON under a rule of its own where a tag or a reply's text is its
+    alternative)."""
     converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     schema = converter.resolve_refs(schema, "stdin")
     tag = output_format.tag
-    if tag is None:
+    if tag is None and not output_format.or_text:
         converter.visit(schema, "")  # the root rule
         return str(converter.format_grammar())
-    value = converter.visit(schema, "tagged")  # "root" stays free: its name is not ""
-    one = f'"<{tag}>\\n" {value} "\\n</{tag}>"'
-    tagged = f'{one} ("\\n" {one})*' if output_format.repeat else one
+    value = converter.visit(schema, "json-answer")  # no primitive rule's name; not "root"
+    if tag is None:
+        opening, answer = "{", value  # a JSON object opens with its brace
+    else:
+        opening, one = f"<{tag}>", f'"<{tag}>\\n" {value} "\\n</{tag}>"'
+        answer = f'{one} ("\\n" {one})*' if output_format.repeat else one
     if output_format.or_text:
-        text = converter._add_rule("untagged", _not_opening_with(f"<{tag}>"))
-        tagged = f"({tagged}) | {text}"
-    converter._add_rule("root", tagged)
+        text = converter._add_rule("reply-text", _not_opening_with(opening))
+        answer = f"({answer}) | {text}"
+    converter._add_rule("root", answer)
     return str(converter.format_grammar())
 
 

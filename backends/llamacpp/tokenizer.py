@@ -76,11 +76,16 @@ class LlamaTokenizer:
         """A token's text, control tokens' included ("<bos>"), as a template writes them."""
         return self._piece(token, special=True).decode(errors="replace") if token >= 0 else ""
 
-    def tagged_tool_calls(self) -> bool:
-        """The template lists tools and reads calls between <tool_call> tags (Hermes 2
-        Pro, Qwen 2.5 and 3, as llama.cpp's chat formats detect them)."""
+    def tool_calls_form(self) -> str:
+        """The template's form of tool calls, detected as llama.cpp's chat formats detect
+        it: calls between <tool_call> tags (Hermes 2 Pro, Qwen 2.5 and 3), or Llama 3.x's
+        (a template with its `ipython` role's header)."""
         source = self._template.template if self._template is not None else ""
-        return "<tool_call>" in source and "tools" in source
+        if "<tool_call>" in source and "tools" in source:
+            return "tagged"
+        if "<|start_header_id|>ipython<|end_header_id|>" in source:
+            return "llama3"
+        return "json"
 
     def render_chat(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None

@@ -103,8 +103,8 @@ class VllmEngine:
         """vLLM's structured outputs for the format: any JSON object, or the schema."""
         if output_format is None:
             return None
-        if output_format.tag is not None:  # HFTokenizer.tagged_tool_calls() is False
-            raise ValueError("vLLM here holds an answer to JSON, not to JSON between tags")
+        if output_format.tag is not None or output_format.or_text:  # tools take the JSON form
+            raise ValueError("vLLM here holds an answer to JSON, not to tags or a reply's text")
         if output_format.schema is None:
             return self._structured_params(json_object=True)
         return self._structured_params(json=output_format.schema)

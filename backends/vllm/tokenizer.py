@@ -66,10 +66,11 @@ class HFTokenizer:
         )
         return text
 
-    def tagged_tool_calls(self) -> bool:
-        """False: the engine holds an answer to a JSON schema through vLLM's structured
-        outputs, not to JSON between tags, so tools take the generic JSON format here."""
-        return False
+    def tool_calls_form(self) -> str:
+        """ "json": the engine holds an answer to a JSON schema through vLLM's structured
+        outputs, not to JSON between tags or to a call or a reply's text, so tools take
+        the generic JSON format here."""
+        return "json"
 
     def piece(self, token: int) -> bytes:
         """A token's text; none for a special token (end of text, a turn's marker), as

@@ -124,12 +124,14 @@ class Tokenizer(Protocol):
     ) -> str:
         """A conversation ({role, content} messages, and an assistant's `tool_calls`) in
         the model's chat template, ending where the assistant's answer starts; `tools`
-        (OpenAI's function tools) where `tagged_tool_calls()` says the template takes them."""
+        (OpenAI's function tools) where `tool_calls_form()` says the template takes them."""
         ...
 
-    def tagged_tool_calls(self) -> bool:
-        """The chat template describes `tools` itself and reads calls written between
-        <tool_call> tags, and this backend can hold an answer to that form."""
+    def tool_calls_form(self) -> str:
+        """The form of tool calls the chat template describes `tools` in and reads calls
+        in, where this backend can hold an answer to it: "tagged" (JSON between
+        <tool_call> tags: Hermes 2 Pro, Qwen 2.5 and 3), "llama3" (Llama 3.x's bare JSON
+        call), else "json" (the generic form, the tools in the system text)."""
         ...
 
     def piece(self, token: int) -> bytes:

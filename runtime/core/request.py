@@ -28,9 +28,9 @@ class OutputFormat:
     """What the output must be, enforced while sampling (OpenAI's `response_format`): any
     JSON object (`schema` None), or JSON that fits `schema` (a JSON Schema, as JSON text).
     With a `tag`, the JSON is written between `<tag>` and `</tag>` lines, once or, with
-    `repeat`, once or more (tool calls in a Hermes-style template's form), and with
-    `or_text` the answer may instead be any text that does not open with `<tag>` (a
-    reply where calls are optional). Each backend turns it into its own constraint: a
+    `repeat`, once or more (tool calls in a Hermes-style template's form). With `or_text`
+    the answer may instead be any text that does not open as the JSON does: with `<tag>`,
+    or without a tag with `{` (a reply where calls are optional). Each backend turns it into its own constraint: a
     grammar on llama.cpp, vLLM's structured outputs on vLLM (JSON alone)."""
 
     schema: str | None = None

@@ -43,6 +43,7 @@ from edgeprefill.runtime.server.documents import Documents
 from edgeprefill.runtime.server.errors import ApiError, add_error_handlers
 from edgeprefill.runtime.server.guard import Guard
 from edgeprefill.runtime.server.json_tools import JsonTools
+from edgeprefill.runtime.server.llama3_tools import Llama3Tools
 from edgeprefill.runtime.server.metrics import ServerMetrics
 from edgeprefill.runtime.server.responses import respond
 from edgeprefill.runtime.server.schema import ChatRequest, CompletionRequest, DocumentRequest
@@ -50,6 +51,13 @@ from edgeprefill.runtime.server.tagged_tools import TaggedTools
 from edgeprefill.runtime.server.tools import ToolUse
 
 T = TypeVar("T")
+
+# The tokenizer's `tool_calls_form()`: how a chat's tools are described and its calls read.
+TOOL_FORMS: dict[str, type[ToolUse]] = {
+    "tagged": TaggedTools,
+    "llama3": Llama3Tools,
+    "json": JsonTools,
+}
 
 PAGE = (resources.files(__package__) / "page.html").read_text(encoding="utf-8")
 # The page's script talks to this server alone, and no other site may frame it.
@@ -141,9 +149,7 @@ class Routes:
         self.tokenizer = runtime.backend.tokenizer
         self.turn_stops = turn_stops(self.tokenizer)  # a chat's answer ends with its turn
         # Tools in the model's own template's form where it has one, else in JSON.
-        self.tool_form: type[ToolUse] = (
-            TaggedTools if self.tokenizer.tagged_tool_calls() else JsonTools
-        )
+        self.tool_form: type[ToolUse] = TOOL_FORMS[self.tokenizer.tool_calls_form()]
         # Lowest priority: a 100k-token document is ~0.4 s of a core, which the compute
         # threads beside it would lose (benchmarks/history.md, section E).
         self._workers = {

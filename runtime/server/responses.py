@@ -20,7 +20,7 @@ from edgeprefill.runtime.core.request import Request as EngineRequest
 from edgeprefill.runtime.core.request import TokenLogprob
 from edgeprefill.runtime.server.errors import ApiError, error_body
 from edgeprefill.runtime.server.schema import Generation
-from edgeprefill.runtime.server.tools import ToolUse
+from edgeprefill.runtime.server.tools import CallReader, ToolUse
 
 
 async def respond(
@@ -244,10 +244,8 @@ class _Stream:
 
 
 class _Calls(_Stream):
-    """A streamed answer that may hold tool calls: the text before the tools' form opens
-    a call streams as it comes (none in the JSON form, whose reply is JSON itself); from
-    there the answer is read whole, and sent as its calls (a call's arguments are known
-    valid only once it has ended) or, where it holds none, as text."""
+    """A streamed answer that may hold tool calls (`CallReader`): sent as its calls or,
+    where it holds none, as text (none streams in the JSON form, whose reply is JSON)."""
 
     def __init__(self, handle: RequestHandle, stream: _Stream, tools: ToolUse) -> None:
         super().__init__(handle, stream.stops, stream._format)
@@ -255,33 +253,14 @@ class _Calls(_Stream):
         self.calls: list[dict[str, Any]] = []
 
     async def __aiter__(self) -> AsyncIterator[str]:
-        opening, held, opened = self.tools.opening, "", False
+        reader = CallReader(self.tools)
         async for text in super().__aiter__():
-            held += text
-            if opened:
-                continue
-            at = held.find(opening)
-            if at >= 0:
-                yield held[:at]
-                held, opened = held[at:], True
-                continue
-            safe = len(held) - _opening_begun(held, opening)
-            yield held[:safe]
-            held = held[safe:]
-        if not opened:
-            yield held
-            return
-        content, self.calls = self.tools.answer(held)
-        yield content or ""
+            yield reader.feed(text)
+        rest, self.calls = reader.end()
+        yield rest
 
     def finish_reason(self) -> str:
         return "tool_calls" if self.calls else super().finish_reason()
-
-
-def _opening_begun(text: str, opening: str) -> int:
-    """How many of the text's last characters begin `opening` (held back until the next
-    piece says whether a call opens there)."""
-    return max((n for n in range(1, len(opening)) if text.endswith(opening[:n])), default=0)
 
 
 class Logprobs:

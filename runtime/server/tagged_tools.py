@@ -14,47 +14,16 @@ import re
 from typing import Any
 
 from edgeprefill.runtime.core.request import OutputFormat
-from edgeprefill.runtime.server.schema import Message
-from edgeprefill.runtime.server.tools import ToolUse, arguments, openai_call
+from edgeprefill.runtime.server.tools import TemplateTools, openai_call
 
 TAG = "tool_call"
 _CALL = re.compile(rf"<{TAG}>\s*(.*?)\s*</{TAG}>", re.DOTALL)
 
 
-class TaggedTools(ToolUse):
+class TaggedTools(TemplateTools):
     """Calls as `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` blocks."""
 
     opening = f"<{TAG}>"
-
-    @staticmethod
-    def conversation(messages: list[Message], tool_use: ToolUse | None) -> list[dict[str, Any]]:
-        """The messages in OpenAI's shape, as templates of this form take them (as
-        transformers and vLLM pass them): a call's arguments as an object, not JSON text."""
-        out: list[dict[str, Any]] = []
-        for m in messages:
-            message: dict[str, Any] = {
-                "role": "system" if m.role == "developer" else m.role,
-                "content": m.text(),
-            }
-            if m.role == "tool":
-                message["tool_call_id"] = m.tool_call_id
-            if m.tool_calls:
-                message["tool_calls"] = [
-                    {
-                        "id": c.id,
-                        "type": "function",
-                        "function": {
-                            "name": c.function.name,
-                            "arguments": arguments(c.function.arguments),
-                        },
-                    }
-                    for c in m.tool_calls
-                ]
-            out.append(message)
-        return out
-
-    def template_tools(self) -> list[dict[str, Any]]:
-        return [t.model_dump(exclude_none=True) for t in self.tools]
 
     def output_format(self) -> OutputFormat:
         return OutputFormat(
