@@ -2,11 +2,10 @@
 
 The llama.cpp scheduler lists its running requests, the vLLM adapter vLLM's running and
 admissible waiting ones, each as the `Candidate` its decision was made from; `make_plan`
-applies the rules every iteration
-follows (decodes first, background decodes deferred as decided, foreground prompts before
-background ones, the first foreground prompt's floor, the background cap, a chat's prompt
-alone when no budget was set, chunks cut only where greedy output stays the same) and
-returns the `Plan`. llama.cpp runs it; vLLM's `_reserve_prefill_lookahead` grants each
+applies the rules every iteration follows (decodes first, background decodes deferred as
+decided, foreground prompts before background ones, the first foreground prompt's floor,
+the background cap, a chat's prompt alone when no budget was set, chunks cut only where
+greedy output stays the same) and returns the `Plan`. llama.cpp runs it; vLLM's `_reserve_prefill_lookahead` grants each
 request its share of it.
 """
 
